@@ -1,0 +1,163 @@
+"""The handler contract: pure decisions over an event, its history and an injected clock (DESIGN.md §6).
+
+Where it sits: dispatch reads a node's ``History`` from KV, calls ``decide`` of every handler whose
+``matches`` accepts the event, publishes the ``Decision`` (if any) to REMEDIATIONS and writes the new
+``History`` back with compare-and-set. Handlers never see NATS, Kubernetes or the wall clock.
+
+Register a handler with ``@handler(name, kinds=...)``; the decorator validates the signature and returns
+the function unchanged, so it stays directly testable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from remediator.contracts import Decision, FaultEvent
+
+
+@dataclass(frozen=True)
+class Sighting:
+    """One remembered fault on a node: the facts a later decision may need, nothing more."""
+
+    event_id: str
+    kind: str
+    code: int | str | None
+    gpu: str  # GpuRef.key, or "" for node-wide faults
+    at: datetime
+    job: str = ""
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"event_id": self.event_id, "kind": self.kind, "code": self.code, "gpu": self.gpu,
+                "at": self.at.isoformat(), "job": self.job, "detail": self.detail}
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> Sighting:
+        return Sighting(d["event_id"], d["kind"], d["code"], d["gpu"], datetime.fromisoformat(d["at"]),
+                        d.get("job", ""), d.get("detail", ""))
+
+
+@dataclass(frozen=True)
+class Incident:
+    """An open incident: one per equivalence group. Repeats update it; they never open a second one."""
+
+    incident_id: str
+    group: str
+    playbook: str
+    opened_at: datetime
+    updated_at: datetime
+    count: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {"incident_id": self.incident_id, "group": self.group, "playbook": self.playbook,
+                "opened_at": self.opened_at.isoformat(), "updated_at": self.updated_at.isoformat(),
+                "count": self.count}
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> Incident:
+        return Incident(d["incident_id"], d["group"], d["playbook"], datetime.fromisoformat(d["opened_at"]),
+                        datetime.fromisoformat(d["updated_at"]), int(d.get("count", 1)))
+
+
+@dataclass(frozen=True)
+class History:
+    """A node's remembered sightings and open incidents, as stored under KV ``node.<node>``."""
+
+    sightings: tuple[Sighting, ...] = ()
+    incidents: tuple[Incident, ...] = ()
+
+    def open_incident(self, group: str) -> Incident | None:
+        return next((i for i in self.incidents if i.group == group), None)
+
+    def remember(self, s: Sighting, now: datetime, keep: timedelta = timedelta(hours=24),
+                 limit: int = 512) -> History:
+        """Add ``s``, forgetting sightings older than ``keep`` and all but the newest ``limit``."""
+        kept = tuple(x for x in self.sightings if now - x.at <= keep) + (s,)
+        return replace(self, sightings=kept[-limit:])
+
+    def with_incident(self, inc: Incident) -> History:
+        others = tuple(i for i in self.incidents if i.group != inc.group)
+        return replace(self, incidents=(*others, inc))
+
+    def without_incident(self, group: str) -> History:
+        return replace(self, incidents=tuple(i for i in self.incidents if i.group != group))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sightings": [s.to_json() for s in self.sightings],
+                "incidents": [i.to_json() for i in self.incidents]}
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> History:
+        return History(tuple(Sighting.from_json(x) for x in d.get("sightings", ())),
+                       tuple(Incident.from_json(x) for x in d.get("incidents", ())))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a handler says about one event: maybe a decision, always the new history and a reason.
+
+    ``decision`` is None when nothing is to be done (recorded, grouped into an open incident, ignored);
+    ``reason`` then says which, for the audit trail. ``updated_incident`` is set when the event was folded
+    into an already open incident.
+    """
+
+    decision: Decision | None
+    history: History
+    reason: str
+    updated_incident: str | None = None
+
+
+DecideFn = Callable[[FaultEvent, History, datetime], Verdict]
+
+
+@dataclass(frozen=True)
+class HandlerSpec:
+    name: str
+    kinds: frozenset[str]
+    decide: DecideFn
+    matches: Callable[[FaultEvent], bool]
+
+
+@dataclass
+class HandlerRegistry:
+    """Injectable registry of handlers; the module-level ``REGISTRY`` is the default one."""
+
+    specs: dict[str, HandlerSpec] = field(default_factory=dict)
+
+    def register(self, spec: HandlerSpec) -> None:
+        if spec.name in self.specs:
+            raise ValueError(f"handler {spec.name!r} registered twice")
+        self.specs[spec.name] = spec
+
+    def for_event(self, event: FaultEvent) -> list[HandlerSpec]:
+        return [s for s in self.specs.values() if event.kind in s.kinds and s.matches(event)]
+
+
+REGISTRY = HandlerRegistry()
+
+_DECIDE_PARAMS = ("event", "history", "now")
+
+
+def handler(name: str, kinds: Iterable[str], matches: Callable[[FaultEvent], bool] | None = None,
+            registry: HandlerRegistry | None = None) -> Callable[[DecideFn], DecideFn]:
+    """Register ``decide(event, history, now) -> Verdict`` for ``kinds``; returns the function unchanged."""
+
+    def wrap(fn: DecideFn) -> DecideFn:
+        params = tuple(inspect.signature(fn).parameters)
+        if params != _DECIDE_PARAMS:
+            raise TypeError(f"handler {name!r}: decide must take {_DECIDE_PARAMS}, not {params}")
+        (registry or REGISTRY).register(
+            HandlerSpec(name, frozenset(kinds), fn, matches or (lambda _e: True)))
+        return fn
+
+    return wrap
+
+
+def incident_id_for(node: str, group: str, event_id: str) -> str:
+    """Deterministic incident id: the same first event on the same group always names the same incident."""
+    return "inc-" + hashlib.sha256(f"{node}|{group}|{event_id}".encode()).hexdigest()[:16]

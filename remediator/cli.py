@@ -1,0 +1,54 @@
+"""The ``remediator`` command line: the composition root.
+
+Where it sits: on top of everything. Each subcommand lives in its own module under
+``remediator.commands`` (or ``chaos``) and is imported only when invoked, so ``serve`` and ``agent`` on a
+real node never load the chaos package. Conventions (DESIGN.md §10): with ``--json`` standard output is
+exactly one JSON document; progress and tables go to standard error.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import click
+
+# name -> "module:attribute" of a click command or group
+_COMMANDS: dict[str, str] = {
+    "serve": "remediator.commands.serve:serve",
+    "demo": "remediator.commands.demo:demo",
+    "agent": "remediator.commands.agent:agent",
+    "classify": "remediator.commands.classify:classify",
+    "sim": "remediator.commands.sim:sim",
+    "bus": "remediator.commands.bus:bus",
+    "bench": "remediator.commands.bench:bench",
+    "audit": "remediator.commands.audit:audit",
+    "playbooks": "remediator.commands.playbooks:playbooks",
+    "breaker": "remediator.commands.operator:breaker",
+    "approve": "remediator.commands.operator:approve",
+    "drill": "remediator.commands.drill:drill",
+}
+
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(n for n in _COMMANDS if self._available(n))
+
+    @staticmethod
+    def _available(name: str) -> bool:
+        return importlib.util.find_spec(_COMMANDS[name].split(":")[0]) is not None
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        target = _COMMANDS.get(name)
+        if target is None or not self._available(name):
+            return None
+        module, attr = target.split(":")
+        cmd: Any = getattr(importlib.import_module(module), attr)
+        assert isinstance(cmd, click.Command)
+        return cmd
+
+
+@click.group(cls=_LazyGroup)
+@click.version_option(package_name="gpu-remediator")
+def main() -> None:
+    """gpu-remediator: heals GPU clusters on Kubernetes, behind safety rails, with an audit trail."""

@@ -1,0 +1,1 @@
+"""CLI subcommands, one module each; remediator.cli wires them lazily."""

@@ -1,0 +1,361 @@
+"""Wire contracts: every model that crosses a process boundary, in one module.
+
+Where it sits: everything. Ingest turns Alertmanager payloads into ``FaultEvent``s, the agent publishes
+``FaultEvent``s, handlers turn a ``FaultEvent`` and its history into a ``Decision``, the executor runs the
+decision's playbook as ``StepRecord``s, and every fact becomes an ``AuditRecord``. DESIGN.md §3, §7 and §8
+are the binding text; this module is its code form.
+
+What we emit is frozen and ``extra="forbid"``; what we read from outside (Alertmanager, other producers on
+``/v1/events``) is validated but tolerant of extra fields.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+EVENT_VERSION = 1
+
+Kind = Literal[
+    "xid",
+    "sxid",
+    "gpu_lost",
+    "ecc",
+    "nccl_timeout",
+    "nccl_error",
+    "cuda_oom",
+    "cuda_error",
+    "memory_leak",
+    "job_failure",
+    "thermal",
+    "health_check",
+]
+KINDS: tuple[str, ...] = Kind.__args__  # type: ignore[attr-defined]
+
+Source = Literal["alertmanager", "agent", "api", "chaos"]
+
+# The playbook vocabulary shared by handlers (which name a playbook in a Decision) and playbooks/ (which
+# define one YAML file per name). Neither package imports the other; both import this tuple.
+PLAYBOOK_NAMES: tuple[str, ...] = (
+    "gpu-lost",                    # Xid 79, fallen off the bus, NVML GPU_IS_LOST: taint+cordon+drain, power cycle
+    "gpu-memory-fatal",            # Xid 48/95/140, DBE: isolate GPU, evict its pods, reset when idle, verify
+    "row-remap-pending",           # Xid 63, remap pending: drain the GPU, reset, verify
+    "memory-retirement-failure",   # Xid 64, row-remap failure: isolate, escalate for replacement
+    "nvlink",                      # Xid 74/144-150: cordon+drain, reset or reboot, escalate on recurrence
+    "gsp-hang",                    # Xid 119/120/62/109/143: isolate, reset, fall back to reboot
+    "gpu-reset",                   # catalog RESET_GPU / Xid 154 "Drain and Reset": isolate, reset, verify
+    "node-reboot",                 # catalog RESTART_BM / Xid 154 "Node Reboot Required": drain, reboot, verify
+    "app-xid-hardware-suspect",    # repeated 13/31/43/45 across jobs on one GPU: isolate + health check
+    "ecc-correctable-rate",        # single-bit ECC rate over threshold after a watch period: isolate + reset
+    "nccl-timeout-suspect",        # NCCL timeout with a suspect node/GPU: taint it out, restart the job
+    "nccl-timeout-no-suspect",     # NCCL timeout, no suspect: restart the job only
+    "memory-leak",                 # orphaned/leaked framebuffer: kill orphans, verify, else isolate + reset
+    "unknown-xid",                 # unknown code or no catalog action: escalate to a person
+)
+
+# Node label that names a node's pool for the blast-radius budget (DESIGN.md §7).
+POOL_LABEL = "gpu-remediator.io/pool"
+# Node label that opts a node out of automatic remediation ("true").
+OPT_OUT_LABEL = "gpu-remediator.io/opt-out"
+
+_PCI_RE = re.compile(
+    r"^(?:(?P<domain>[0-9a-fA-F]{4,8}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})(?:\.(?P<fn>[0-7]))?$"
+)
+
+
+def normalize_pci_bus_id(raw: str) -> str:
+    """Return ``raw`` as ``DDDD:BB:DD.F`` in lower case.
+
+    Accepts what kernels, NVML and dcgm-exporter print: ``0000:3B:00``, ``00000000:3B:00.0`` (NVML's
+    eight-digit domain), ``3b:00.0`` (no domain). Raises ``ValueError`` for anything else.
+    """
+    text = raw.strip()
+    if text.upper().startswith("PCI:"):
+        text = text[4:]
+    m = _PCI_RE.match(text)
+    if m is None:
+        raise ValueError(f"not a PCI bus id: {raw!r}")
+    domain = int(m.group("domain") or "0", 16)
+    if domain > 0xFFFF:
+        raise ValueError(f"PCI domain out of range: {raw!r}")
+    fn = m.group("fn") or "0"
+    return f"{domain:04x}:{m.group('bus').lower()}:{m.group('dev').lower()}.{fn}"
+
+
+def utcnow() -> datetime:
+    """The wall clock, for edges only (ingest stamps, audit stamps); decisions take an injected clock."""
+    return datetime.now(UTC)
+
+
+class _Emitted(BaseModel):
+    """Base of what we emit: frozen, no unknown fields."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class GpuRef(_Emitted):
+    """One GPU on a node; any of the three identities may be unknown."""
+
+    index: int | None = Field(default=None, ge=0, description="NVML/nvidia-smi index on the node")
+    uuid: str | None = Field(default=None, description="GPU-xxxxxxxx-... as NVML reports it")
+    pci_bus_id: str | None = Field(default=None, description="DDDD:BB:DD.F, lower case")
+
+    @field_validator("pci_bus_id")
+    @classmethod
+    def _normalise_pci(cls, v: str | None) -> str | None:
+        return None if v is None else normalize_pci_bus_id(v)
+
+    @property
+    def key(self) -> str:
+        """The most stable identity we have: uuid, else PCI id, else index, else ``?``."""
+        if self.uuid:
+            return self.uuid
+        if self.pci_bus_id:
+            return self.pci_bus_id
+        if self.index is not None:
+            return f"index-{self.index}"
+        return "?"
+
+
+class FaultEvent(_Emitted):
+    """FaultEvent v1 (DESIGN.md §3). Field names have NVSentinel HealthEvent counterparts."""
+
+    version: Literal[1] = 1
+    id: str = Field(min_length=1, max_length=512, description="stable idempotency key, sent as Nats-Msg-Id")
+    source: Source
+    node: str = Field(min_length=1, max_length=253)
+    gpu: GpuRef | None = None
+    kind: Kind
+    code: int | str | None = None
+    is_fatal: bool = False
+    is_healthy: bool = False
+    message: str = Field(default="", max_length=8192)
+    observed_at: datetime
+    received_at: datetime
+    labels: dict[str, str] = Field(default_factory=dict)
+    recommended_action: str | None = None
+
+    @field_validator("node")
+    @classmethod
+    def _rfc1123(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", v):
+            raise ValueError(f"node {v!r} is not an RFC 1123 name")
+        return v
+
+    @field_validator("observed_at", "received_at")
+    @classmethod
+    def _aware(cls, v: datetime) -> datetime:
+        return v if v.tzinfo else v.replace(tzinfo=UTC)
+
+    @model_validator(mode="after")
+    def _xid_has_int_code(self) -> FaultEvent:
+        if self.kind == "xid" and not isinstance(self.code, int):
+            raise ValueError("an event of kind 'xid' needs an integer code")
+        return self
+
+
+class InboundEvent(BaseModel):
+    """A ``FaultEvent`` as another producer posts it to ``/v1/events``: extra fields tolerated.
+
+    ``received_at`` is stamped by ingest; ``version`` must be 1 when given.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    version: Literal[1] = 1
+    id: str = Field(min_length=1, max_length=512)
+    source: Source = "api"
+    node: str
+    gpu: dict[str, Any] | None = None
+    kind: Kind
+    code: int | str | None = None
+    is_fatal: bool = False
+    is_healthy: bool = False
+    message: str = ""
+    observed_at: datetime | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    recommended_action: str | None = None
+
+    def to_event(self, received_at: datetime) -> FaultEvent:
+        data = self.model_dump()
+        data["observed_at"] = self.observed_at or received_at
+        data["received_at"] = received_at
+        data["gpu"] = GpuRef(**self.gpu) if self.gpu else None
+        return FaultEvent(**data)
+
+
+# --- Alertmanager webhook payload v4 (read from outside: tolerant) -----------------------------------
+
+
+class AlertmanagerAlert(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    status: Literal["firing", "resolved"]
+    labels: dict[str, str]
+    annotations: dict[str, str] = Field(default_factory=dict)
+    startsAt: datetime  # noqa: N815 - Alertmanager's field name
+    endsAt: datetime | None = None  # noqa: N815
+    generatorURL: str = ""  # noqa: N815
+    fingerprint: str = Field(min_length=1)
+
+
+class AlertmanagerPayload(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    version: str
+    groupKey: str = ""  # noqa: N815
+    truncatedAlerts: int = 0  # noqa: N815
+    status: Literal["firing", "resolved"]
+    receiver: str = ""
+    groupLabels: dict[str, str] = Field(default_factory=dict)  # noqa: N815
+    commonLabels: dict[str, str] = Field(default_factory=dict)  # noqa: N815
+    commonAnnotations: dict[str, str] = Field(default_factory=dict)  # noqa: N815
+    externalURL: str = ""  # noqa: N815
+    alerts: list[AlertmanagerAlert]
+
+    @field_validator("version")
+    @classmethod
+    def _v4(cls, v: str) -> str:
+        if v != "4":
+            raise ValueError(f"only Alertmanager webhook payload version 4 is supported, got {v!r}")
+        return v
+
+
+# --- Decisions, steps, incidents ---------------------------------------------------------------------
+
+
+class Evidence(_Emitted):
+    """One piece of what a decision rests on: an event, a value, a count."""
+
+    event_id: str | None = None
+    kind: str | None = None
+    code: int | str | None = None
+    at: datetime | None = None
+    detail: str = ""
+
+
+class Decision(_Emitted):
+    """What a handler proposes (DESIGN.md §6). The safety rails may still block it."""
+
+    version: Literal[1] = 1
+    incident_id: str
+    handler: str = Field(description="the handler family that decided: xid, ecc, nccl, memleak, ...")
+    playbook: str = Field(description="playbook name, as `remediator playbooks list` shows it")
+    node: str
+    gpu: GpuRef | None = None
+    group: str = Field(description="equivalence group: at most one running remediation per group")
+    reason: str = Field(description="one sentence saying why")
+    evidence: tuple[Evidence, ...] = ()
+    event_id: str
+    kind: str
+    code: int | str | None = None
+    decided_at: datetime
+    job: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+StepStatus = Literal["pending", "running", "succeeded", "failed", "skipped", "blocked"]
+
+
+class StepRecord(_Emitted):
+    """One step of a running playbook, as persisted and audited."""
+
+    name: str
+    status: StepStatus
+    params: dict[str, Any] = Field(default_factory=dict)
+    before: dict[str, Any] = Field(default_factory=dict)
+    after: dict[str, Any] = Field(default_factory=dict)
+    detail: str = ""
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+# --- Audit -------------------------------------------------------------------------------------------
+
+AuditWhat = Literal[
+    "event_accepted",
+    "duplicate_ignored",
+    "event_ignored",
+    "decision",
+    "incident_updated",
+    "guard_verdict",
+    "step_started",
+    "step_succeeded",
+    "step_failed",
+    "step_skipped",
+    "playbook_finished",
+    "approval",
+    "override",
+    "breaker_trip",
+    "breaker_reset",
+    "dead_letter",
+    "escalated",
+]
+
+
+class AuditRecord(_Emitted):
+    """One fact in the hash-chained audit trail (DESIGN.md §8).
+
+    ``hash`` = SHA-256 over the canonical JSON of every other field (``prev_hash`` included). ``seq`` is the
+    position in the chain of this record's subject, so a chain can be verified without the stream.
+    """
+
+    version: Literal[1] = 1
+    seq: int = Field(ge=1)
+    time: datetime
+    incident: str | None = None
+    node: str
+    gpu: str | None = None
+    actor: str
+    what: AuditWhat
+    why: str = ""
+    before: dict[str, Any] = Field(default_factory=dict)
+    after: dict[str, Any] = Field(default_factory=dict)
+    trace_id: str | None = None
+    event_id: str | None = None
+    job: str | None = None
+    fingerprint: str | None = None
+    prev_hash: str
+    hash: str
+
+    @staticmethod
+    def digest(fields: dict[str, Any]) -> str:
+        """SHA-256 of the canonical JSON (sorted keys, no spaces) of ``fields`` without ``hash``."""
+        body = {k: v for k, v in fields.items() if k != "hash"}
+        canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def verify(self) -> bool:
+        return self.digest(self.model_dump(mode="json")) == self.hash
+
+
+GENESIS_HASH = "0" * 64
+
+
+# --- Node agent commands (core request/reply on agent.<node>.cmd) -------------------------------------
+
+AgentVerb = Literal["isolate_gpu", "release_gpu", "reset_gpu", "kill_orphans", "health_check", "reboot_node",
+                    "status"]
+
+
+class AgentCommand(_Emitted):
+    version: Literal[1] = 1
+    id: str = Field(description="idempotency key: a repeated id returns the first result")
+    verb: AgentVerb
+    gpu: GpuRef | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class AgentReply(_Emitted):
+    version: Literal[1] = 1
+    id: str
+    ok: bool
+    changed: bool = False
+    detail: str = ""
+    before: dict[str, Any] = Field(default_factory=dict)
+    after: dict[str, Any] = Field(default_factory=dict)

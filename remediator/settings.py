@@ -1,0 +1,73 @@
+"""Settings: every knob of the service, from ``REMEDIATOR_*`` environment variables.
+
+Where it sits: read once by the CLI (the composition root) and passed down; nothing below the CLI reads the
+environment. The README's configuration table is generated from these field descriptions.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Configuration of ``serve``, ``agent``, ``demo`` and ``bench``."""
+
+    model_config = SettingsConfigDict(env_prefix="REMEDIATOR_", extra="ignore")
+
+    nats_url: str | None = Field(
+        default=None,
+        description="NATS server URL(s), comma-separated. Unset: serve/demo/bench start an embedded nats-server.",
+    )
+    data_dir: str | None = Field(
+        default=None, description="JetStream store of the embedded nats-server. Unset: a temporary directory."
+    )
+    http: str = Field(default="127.0.0.1:8080", description="HOST:PORT the HTTP ingest API listens on.")
+    api_tokens: str = Field(
+        default="",
+        description="Comma-separated bearer tokens accepted by /v1/*. Empty: no authentication (development only).",
+    )
+    max_body_bytes: int = Field(default=1_048_576, ge=1024, description="Largest request body accepted (413 above).")
+    kubeconfig: str | None = Field(
+        default=None, description="kubeconfig file of the cluster. Unset: in-cluster config, then ~/.kube/config."
+    )
+    dry_run: bool = Field(default=False, description="Record what each playbook would do and touch nothing.")
+    replica_id: str = Field(default="", description="Actor name of this replica in the audit trail (default: host-pid).")
+    duplicate_window_s: int = Field(
+        default=1200, ge=600, description="JetStream duplicate window of FAULTS (covers Alertmanager retries)."
+    )
+    max_deliver: int = Field(default=5, ge=1, le=100, description="Deliveries of one message before dead-lettering.")
+    nak_delay_s: float = Field(default=2.0, ge=0, description="Redelivery delay after a temporary failure.")
+    audit_max_age_days: int = Field(default=365, ge=1, description="Retention of the AUDIT stream.")
+    audit_max_bytes: int = Field(default=-1, description="Size limit of the AUDIT stream (-1: unlimited).")
+    lock_ttl_s: int = Field(default=300, ge=5, description="TTL of the per-node playbook lock (renewed while running).")
+    drain_timeout_s: float = Field(default=300.0, gt=0, description="How long a drain waits on PDBs before failing.")
+    drain_grace_period_s: int = Field(default=30, ge=0, description="Termination grace period for evicted pods.")
+    kube_qps: float = Field(default=20.0, gt=0, description="Client-side rate limit of Kubernetes calls (per second).")
+    kube_burst: int = Field(default=40, ge=1, description="Burst allowed above the Kubernetes QPS limit.")
+    kube_retry_budget_s: float = Field(default=60.0, gt=0, description="Total time a Kubernetes call may spend retrying.")
+    taint_key: str = Field(default="gpu-remediator/quarantine", description="Taint key the service adds.")
+    xid_app_window_s: int = Field(
+        default=86_400, gt=0, description="Window in which repeated application Xids across jobs mean hardware."
+    )
+    xid_app_threshold: int = Field(default=3, ge=2, description="Distinct jobs with an application Xid on one GPU.")
+
+    @field_validator("http")
+    @classmethod
+    def _host_port(cls, v: str) -> str:
+        host, sep, port = v.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"expected HOST:PORT, got {v!r}")
+        return v
+
+    @property
+    def tokens(self) -> frozenset[str]:
+        return frozenset(t.strip() for t in self.api_tokens.split(",") if t.strip())
+
+    @property
+    def http_host(self) -> str:
+        return self.http.rpartition(":")[0]
+
+    @property
+    def http_port(self) -> int:
+        return int(self.http.rpartition(":")[2])

@@ -1,0 +1,59 @@
+"""Names on the bus: streams, subjects, KV buckets and keys (DESIGN.md §4), in one place.
+
+Where it sits: used by every producer and consumer; nothing here talks to NATS.
+"""
+
+from __future__ import annotations
+
+FAULTS_STREAM = "FAULTS"
+REMEDIATIONS_STREAM = "REMEDIATIONS"
+AUDIT_STREAM = "AUDIT"
+DEAD_LETTER_STREAM = "DEADLETTER"
+
+STATE_BUCKET = "remediator-state"
+LOCKS_BUCKET = "remediator-locks"
+
+FAULTS_WILDCARD = "faults.>"
+REMEDIATIONS_WILDCARD = "remediation.>"
+AUDIT_WILDCARD = "audit.>"
+DEAD_LETTER_WILDCARD = "deadletter.>"
+
+CLUSTER_TOKEN = "_cluster"
+
+
+def node_token(node: str) -> str:
+    """A node name as one subject token: ``.`` → ``_`` (reversible, RFC 1123 names have no ``_``)."""
+    return node.replace(".", "_")
+
+
+def node_from_token(token: str) -> str:
+    return token.replace("_", ".") if token != CLUSTER_TOKEN else token
+
+
+def faults_subject(source: str, node: str) -> str:
+    return f"faults.{source}.{node_token(node)}"
+
+
+def remediation_subject(node: str) -> str:
+    return f"remediation.{node_token(node)}"
+
+
+def audit_subject(node: str | None) -> str:
+    return f"audit.{node_token(node) if node else CLUSTER_TOKEN}"
+
+
+def dead_letter_subject(stream: str, node: str) -> str:
+    return f"deadletter.{stream.lower()}.{node_token(node)}"
+
+
+def agent_cmd_subject(node: str) -> str:
+    return f"agent.{node_token(node)}.cmd"
+
+
+def node_key(node: str) -> str:
+    """KV key of a node's state or lock (KV keys allow ``.``; we keep the token form for symmetry)."""
+    return f"node.{node_token(node)}"
+
+
+def gpu_key(uuid: str) -> str:
+    return f"gpu.{uuid}"
