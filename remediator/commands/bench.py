@@ -1,0 +1,70 @@
+"""``remediator bench ingest|classify|storm``: benchmarks that print figures (DESIGN.md §10).
+
+Where it sits: beside the service; each benchmark lives in ``remediator.benchmarks.<name>`` and is imported
+only when run. With ``--json`` standard output is exactly one JSON document whose top-level keys are the
+figures the issues name; progress goes to standard error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any
+
+import click
+
+
+def _progress(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+def _emit(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(result, indent=2, sort_keys=False) + "\n")
+        return
+    for key, value in result.items():
+        if isinstance(value, dict):
+            inner = ", ".join(f"{k}={v}" for k, v in value.items())
+            click.echo(f"{key:>24}: {inner}", err=True)
+        else:
+            click.echo(f"{key:>24}: {value}", err=True)
+
+
+@click.group()
+def bench() -> None:
+    """Benchmarks that print measured figures."""
+
+
+@bench.command("ingest")
+@click.option("--url", default=None, help="Base URL of a running service (default: start one on embedded NATS).")
+@click.option("--concurrency", default=32, show_default=True, type=click.IntRange(1, 1024))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def ingest(url: str | None, concurrency: int, as_json: bool) -> None:
+    """Alertmanager ingest throughput and paced latency against the JetStream floor."""
+    from remediator.benchmarks import ingest as mod
+
+    _emit(asyncio.run(mod.run(url=url, concurrency=concurrency, progress=_progress)), as_json)
+
+
+@bench.command("classify")
+@click.option("--lines", default=1_000_000, show_default=True, type=click.IntRange(1000))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def classify(lines: int, as_json: bool) -> None:
+    """Classifier throughput over realistic mixed logs, one process, one core."""
+    from remediator.benchmarks import classify as mod
+
+    _emit(mod.run(lines=lines, progress=_progress), as_json)
+
+
+@bench.command("storm")
+@click.option("--nodes", default=1500, show_default=True, type=click.IntRange(2))
+@click.option("--failing", default=750, show_default=True, type=click.IntRange(1))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def storm(nodes: int, failing: int, as_json: bool) -> None:
+    """Fatal-Xid storm through the real pipeline, without and with the circuit breaker."""
+    if failing > nodes:
+        raise click.BadParameter("--failing cannot exceed --nodes")
+    from remediator.benchmarks import storm as mod
+
+    _emit(asyncio.run(mod.run(nodes=nodes, failing=failing, progress=_progress)), as_json)

@@ -1,0 +1,246 @@
+"""Dispatch: FAULTS → handlers → REMEDIATIONS, with each node's history kept in KV by compare-and-set.
+
+Where it sits: after ingest and the node agents (which publish ``FaultEvent``s on ``faults.<source>.<node>``)
+and before the executor (which consumes ``Decision``s on ``remediation.<node>``). It owns the durable pull
+consumer ``dispatch`` on FAULTS.
+
+Per message: parse the event → drop it if its id is already in the history (a replay older than the
+JetStream duplicate window) → audit ``event_accepted`` → for each matching handler, ``decide`` over the
+history (pure, injected clock) inside a CAS update → store the decision under ``decision.<incident>`` →
+publish it with ``Nats-Msg-Id: decision|<incident>`` → audit the verdict → ack. A crash anywhere in between
+redelivers the message; the history then already holds the event, and an incident this event opened has its
+decision re-published under the same id, which JetStream drops if it already arrived. So every decision is
+published at least once and acted on at most once.
+
+Messages of one node are handled in order; different nodes run concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import nats.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js.client import JetStreamContext
+from nats.js.errors import KeyNotFoundError
+from nats.js.kv import KeyValue
+from pydantic import ValidationError
+
+from handlers.base import REGISTRY, HandlerRegistry, HandlerSpec, History, Sighting, Verdict, incident_id_for
+from remediator.audit import AuditLog
+from remediator.bus import PermanentError, settle
+from remediator.contracts import Decision, FaultEvent, utcnow
+from remediator.settings import Settings
+from remediator.state import StateStore
+from remediator.subjects import (
+    FAULTS_STREAM,
+    STATE_BUCKET,
+    dead_letter_subject,
+    node_key,
+    remediation_subject,
+)
+
+log = logging.getLogger(__name__)
+
+DISPATCH_DURABLE = "dispatch"
+
+
+def history_key(spec: HandlerSpec, event: FaultEvent) -> str:
+    """KV key of the history a handler decides over: the event's node unless the handler says otherwise."""
+    keyfn: Callable[[FaultEvent], str] | None = getattr(spec, "history_key", None)
+    return keyfn(event) if keyfn is not None else node_key(event.node)
+
+
+def decision_key(incident_id: str) -> str:
+    return f"decision.{incident_id}"
+
+
+def job_of(event: FaultEvent) -> str | None:
+    labels = event.labels
+    return (labels.get("job") or labels.get("training.kubeflow.org/job-name") or labels.get("job-name")
+            or labels.get("job_name") or None)
+
+
+@dataclass
+class DispatchStats:
+    events: int = 0
+    duplicates: int = 0
+    decisions: int = 0
+    updated: int = 0
+    no_action: int = 0
+    dead_lettered: int = 0
+    by_handler: dict[str, int] = field(default_factory=dict)
+
+
+class Dispatcher:
+    """Runs the handlers over FAULTS. ``handle`` is the whole per-event logic; ``run`` is the consumer loop."""
+
+    def __init__(self, nc: NATS, js: JetStreamContext, state_kv: KeyValue, settings: Settings, audit: AuditLog,
+                 registry: HandlerRegistry = REGISTRY, clock: Callable[[], datetime] = utcnow,
+                 batch: int = 128) -> None:
+        self._nc = nc
+        self._js = js
+        self._kv = state_kv
+        self._state = StateStore(state_kv)
+        self._settings = settings
+        self._audit = audit
+        self._registry = registry
+        self._clock = clock
+        self._batch = batch
+        self.stats = DispatchStats()
+
+    @classmethod
+    async def create(cls, nc: NATS, js: JetStreamContext, settings: Settings, audit: AuditLog,
+                     **kw: object) -> Dispatcher:
+        kv = await js.key_value(STATE_BUCKET)
+        return cls(nc, js, kv, settings, audit, **kw)  # type: ignore[arg-type]
+
+    # --- one event ----------------------------------------------------------------------------------
+
+    async def handle(self, event: FaultEvent) -> list[Decision]:
+        """Decide on one event; returns the decisions published (re-published ones included)."""
+        self.stats.events += 1
+        specs = self._registry.for_event(event)
+        published: list[Decision] = []
+        accepted = False
+        for spec in specs:
+            key = history_key(spec, event)
+            now = self._clock()
+            gpu_key = event.gpu.key if event.gpu else ""
+
+            def step(history: History, spec: HandlerSpec = spec, now: datetime = now) -> tuple[History, Verdict | None]:
+                if any(s.event_id == event.id for s in history.sightings):
+                    return history, None  # seen before: a redelivery or a replay past the duplicate window
+                verdict = spec.decide(event, history, now)
+                return verdict.history, verdict
+
+            # Decide first on a snapshot, to store the decision before the history that says it was made.
+            snapshot, _rev = await self._state.get(key)
+            verdict = step(snapshot)[1]
+            if verdict is not None and verdict.decision is not None:
+                await self._store_decision(verdict.decision)
+            verdict = await self._state.update(key, step)
+            if verdict is None:
+                published += await self._republish_opened(key, event)
+                continue
+            if not accepted:
+                accepted = True
+                await self._audit.append(event.node, "event_accepted", f"{event.kind} {event.code} from {event.source}",
+                                         gpu=gpu_key or None, event_id=event.id, job=job_of(event),
+                                         fingerprint=event.labels.get("fingerprint"),
+                                         after={"message": event.message[:500]})
+            self.stats.by_handler[spec.name] = self.stats.by_handler.get(spec.name, 0) + 1
+            if verdict.decision is not None:
+                decision = verdict.decision
+                if decision.incident_id not in {d.incident_id for d in published}:
+                    await self._store_decision(decision)  # the snapshot may have been stale
+                    await self._publish_decision(decision)
+                    published.append(decision)
+                self.stats.decisions += 1
+                await self._audit.append(
+                    decision.node, "decision", decision.reason, incident=decision.incident_id,
+                    gpu=decision.gpu.key if decision.gpu else None, event_id=event.id, job=decision.job,
+                    after={"playbook": decision.playbook, "group": decision.group, "handler": decision.handler,
+                           "evidence": [e.model_dump(mode="json") for e in decision.evidence]})
+            elif verdict.updated_incident is not None:
+                self.stats.updated += 1
+                await self._audit.append(event.node, "incident_updated", verdict.reason,
+                                         incident=verdict.updated_incident, gpu=gpu_key or None,
+                                         event_id=event.id, job=job_of(event))
+            else:
+                self.stats.no_action += 1
+                await self._audit.append(event.node, "event_ignored", verdict.reason, gpu=gpu_key or None,
+                                         event_id=event.id, job=job_of(event))
+        if not specs:
+            await self._audit.append(event.node, "event_ignored", f"no handler for kind {event.kind}",
+                                     event_id=event.id)
+        return published
+
+    async def _store_decision(self, decision: Decision) -> None:
+        await self._kv.put(decision_key(decision.incident_id), decision.model_dump_json().encode())
+
+    async def _publish_decision(self, decision: Decision) -> None:
+        await self._js.publish(remediation_subject(decision.node), decision.model_dump_json().encode(),
+                               headers={"Nats-Msg-Id": f"decision|{decision.incident_id}"})
+
+    async def _republish_opened(self, key: str, event: FaultEvent) -> list[Decision]:
+        """A redelivered event: re-publish the decisions of incidents it opened (JetStream drops repeats)."""
+        self.stats.duplicates += 1
+        history, _ = await self._state.get(key)
+        out = []
+        for inc in history.incidents:
+            node = event.node
+            if inc.incident_id != incident_id_for(node, inc.group, event.id):
+                continue
+            try:
+                entry = await self._kv.get(decision_key(inc.incident_id))
+            except KeyNotFoundError:
+                continue
+            assert entry.value is not None
+            decision = Decision.model_validate_json(entry.value)
+            await self._publish_decision(decision)
+            out.append(decision)
+        if not out:
+            await self._audit.append(event.node, "duplicate_ignored", "event id already in the node's history",
+                                     event_id=event.id)
+        return out
+
+    # --- the consumer loop --------------------------------------------------------------------------
+
+    async def _on_message(self, msg: Msg) -> None:
+        error: BaseException | None = None
+        try:
+            try:
+                event = FaultEvent.model_validate_json(msg.data)
+            except ValidationError as exc:
+                raise PermanentError(f"not a FaultEvent v1: {exc.errors()[0]['msg']}") from exc
+            await self.handle(event)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # mapped to ack/nak/term by settle, the one place that decides
+            log.warning("dispatch of %s failed: %s", msg.subject, exc)
+            error = exc
+        outcome = await settle(msg, error, max_deliver=self._settings.max_deliver,
+                               nak_delay=self._settings.nak_delay_s, dead_letter=self._dead_letter)
+        if outcome == "term":
+            self.stats.dead_lettered += 1
+
+    async def _dead_letter(self, msg: Msg, why: str) -> None:
+        node = msg.subject.rsplit(".", 1)[-1]
+        await self._js.publish(dead_letter_subject(FAULTS_STREAM, node), msg.data, headers=msg.headers)
+        with contextlib.suppress(Exception):
+            await self._audit.append(None, "dead_letter", why, after={"subject": msg.subject})
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume FAULTS until ``stop`` is set; per-node order, nodes in parallel."""
+        psub = await self._js.pull_subscribe_bind(DISPATCH_DURABLE, stream=FAULTS_STREAM)
+        try:
+            while not stop.is_set():
+                try:
+                    msgs = await psub.fetch(self._batch, timeout=0.5)
+                except (TimeoutError, nats.errors.TimeoutError):
+                    continue
+                except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError,
+                        nats.errors.NoRespondersError):
+                    await asyncio.sleep(0.5)
+                    continue
+                by_node: dict[str, list[Msg]] = {}
+                for m in msgs:
+                    by_node.setdefault(m.subject.rsplit(".", 1)[-1], []).append(m)
+                await asyncio.gather(*(self._in_order(group) for group in by_node.values()))
+        finally:
+            with contextlib.suppress(Exception):
+                await psub.unsubscribe()
+
+    async def _in_order(self, msgs: list[Msg]) -> None:
+        for m in msgs:
+            await self._on_message(m)
+
+
+__all__ = ["DISPATCH_DURABLE", "DispatchStats", "Dispatcher", "Sighting", "history_key"]

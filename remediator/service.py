@@ -1,0 +1,137 @@
+"""The service process: HTTP ingest, dispatch (handlers) and the executor, wired together over one bus.
+
+Where it sits: below the CLI (``remediator serve``, and ``demo``/``bench`` which run it in-process), above
+everything else. It connects to NATS (or starts an embedded ``nats-server`` when no URL is configured),
+provisions the bus in development, and runs three concurrent parts until asked to stop:
+
+    uvicorn(ingest app) ──► FAULTS ──► Dispatcher ──► REMEDIATIONS ──► Executor ──► Kubernetes / agents
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import uvicorn
+from nats.aio.client import Client as NATS
+from nats.js.client import JetStreamContext
+
+import handlers
+from handlers.base import REGISTRY
+from playbooks.catalog import PlaybookCatalog
+from remediator import bus
+from remediator.adapters.kube import KubeAdapter
+from remediator.agent_client import AgentClient
+from remediator.audit import AuditLog
+from remediator.contracts import utcnow
+from remediator.dispatch import Dispatcher
+from remediator.executor import Executor
+from remediator.ingest.app import create_app
+from remediator.natsd import EmbeddedNats
+from remediator.settings import Settings
+
+log = logging.getLogger(__name__)
+
+assert handlers  # importing the package registers every handler in REGISTRY
+
+
+def default_actor() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass
+class Service:
+    """One replica. ``start`` returns once HTTP is listening and the consumers run; ``stop`` drains them."""
+
+    settings: Settings
+    clock: Callable[[], datetime] = utcnow
+    provision: bool = True
+    http_enabled: bool = True
+    nats: EmbeddedNats | None = None
+    nc: NATS | None = None
+    js: JetStreamContext | None = None
+    audit: AuditLog | None = None
+    dispatcher: Dispatcher | None = None
+    executor: Executor | None = None
+    kube: KubeAdapter | None = None
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    _http: uvicorn.Server | None = None
+
+    @property
+    def nats_url(self) -> str:
+        if self.settings.nats_url:
+            return self.settings.nats_url
+        assert self.nats is not None
+        return self.nats.url
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.settings.http_host}:{self.settings.http_port}"
+
+    async def start(self) -> None:
+        s = self.settings
+        if not s.nats_url:
+            self.nats = EmbeddedNats(data_dir=s.data_dir)
+            await asyncio.to_thread(self.nats.start)
+            log.info("embedded nats-server on %s (store %s)", self.nats.url, self.nats.data_dir)
+        self.nc, self.js = await bus.connect(self.nats_url, name=s.replica_id or default_actor())
+        if self.provision:
+            await bus.provision(self.js, s)
+        actor = s.replica_id or default_actor()
+        self.audit = AuditLog(self.js, actor, clock=self.clock)
+        self.dispatcher = await Dispatcher.create(self.nc, self.js, s, self.audit, registry=REGISTRY,
+                                                  clock=self.clock)
+        self.kube = KubeAdapter.from_settings(s)
+        self.executor = Executor(self.nc, self.js, s, self.kube, self.audit, PlaybookCatalog.load(),
+                                 AgentClient(self.nc), clock=self.clock)
+        self._tasks.append(asyncio.create_task(self.dispatcher.run(self._stop), name="dispatch"))
+        self._tasks.append(asyncio.create_task(self.executor.run(self._stop), name="executor"))
+        if self.http_enabled:
+            app = create_app(settings=s, nc=self.nc, js=self.js, audit=self.audit)
+            config = uvicorn.Config(app, host=s.http_host, port=s.http_port, log_level="warning",
+                                    access_log=False, lifespan="off")
+            self._http = uvicorn.Server(config)
+            self._http.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+            self._tasks.append(asyncio.create_task(self._http.serve(), name="http"))
+            while not self._http.started:
+                if self._tasks[-1].done():
+                    self._tasks[-1].result()  # raises: the port is taken, say
+                await asyncio.sleep(0.02)
+
+    async def wait(self) -> None:
+        """Until a part fails (re-raised) or ``stop`` is called."""
+        stopper = asyncio.create_task(self._stop.wait())
+        done, _ = await asyncio.wait([*self._tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        for t in done:
+            if t is not stopper and t.exception() is not None:
+                raise t.exception()  # type: ignore[misc]
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._http is not None:
+            self._http.should_exit = True
+        if self._tasks:
+            _done, pending = await asyncio.wait(self._tasks, timeout=10)
+            for t in pending:
+                t.cancel()
+        if self.nc is not None:
+            with contextlib.suppress(Exception):
+                await self.nc.drain()
+        if self.nats is not None:
+            await asyncio.to_thread(self.nats.close)
+
+    async def __aenter__(self) -> Service:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
