@@ -1,0 +1,118 @@
+"""End to end with a real Prometheus Alertmanager: alert → webhook → NATS → Xid handler → drain in the simulator.
+
+Alertmanager (the Debian package) runs on a free port with clustering off and a webhook receiver that points
+at the service; the alert is created through its v2 API, exactly as Prometheus would post it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from chaos.sim import KubeApiServer, seed_cluster
+from remediator.natsd import EmbeddedNats, free_port
+from remediator.service import Service
+from remediator.settings import Settings
+
+TOKEN = "e2e-secret-token"
+
+
+def _alertmanager_binary() -> str:
+    for name in ("prometheus-alertmanager", "alertmanager"):
+        found = shutil.which(name)
+        if found:
+            return found
+    pytest.fail("Prometheus Alertmanager is not installed (apt-get install prometheus-alertmanager); "
+                "the end-to-end test needs the real one")
+
+
+@pytest.fixture
+def alertmanager(tmp_path: Path) -> Iterator[tuple[str, int]]:
+    """A real Alertmanager whose webhook receiver points at a port the service will listen on."""
+    webhook_port = free_port()
+    port = free_port()
+    config = tmp_path / "alertmanager.yml"
+    config.write_text(f"""
+route:
+  receiver: remediator
+  group_by: [alertname, Hostname, gpu]
+  group_wait: 1s
+  group_interval: 1s
+  repeat_interval: 1h
+receivers:
+  - name: remediator
+    webhook_configs:
+      - url: http://127.0.0.1:{webhook_port}/v1/alertmanager
+        send_resolved: true
+        http_config:
+          authorization: {{type: Bearer, credentials: {TOKEN}}}
+""")
+    proc = subprocess.Popen(
+        [_alertmanager_binary(), f"--config.file={config}", f"--storage.path={tmp_path / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/-/ready", timeout=0.5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            pytest.fail(f"alertmanager exited: {proc.stderr.read().decode() if proc.stderr else ''}")
+        time.sleep(0.1)
+    else:
+        proc.kill()
+        pytest.fail("alertmanager did not become ready")
+    yield f"http://127.0.0.1:{port}", webhook_port
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.mark.timeout(120)
+async def test_xid79_alert_ends_with_node_tainted_and_drained(alertmanager: tuple[str, int], tmp_path: Path) -> None:
+    am_url, webhook_port = alertmanager
+    state = seed_cluster(nodes=4)
+    node = "gpu-node-2"
+    training_before = [p for p in state.pods_on(node) if p["metadata"]["namespace"] not in
+                       ("gpu-operator", "gpu-remediator")]
+    assert training_before, "the simulator must seed a training pod on every node"
+    with KubeApiServer(state) as kube, EmbeddedNats() as nats_server:
+        kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+        settings = Settings(nats_url=nats_server.url, http=f"127.0.0.1:{webhook_port}", api_tokens=TOKEN,
+                            kubeconfig=str(kubeconfig), drain_timeout_s=30, drain_grace_period_s=0)
+        async with Service(settings):
+            alert = [{
+                "labels": {"alertname": "GPUXidError", "Hostname": node, "gpu": "1", "xid": "79",
+                           "UUID": "GPU-11111111-2222-3333-4444-555555555555", "pci_bus_id": "00000000:3B:00.0",
+                           "instance": "10.0.0.9:9400", "severity": "critical"},
+                "annotations": {"summary": "Xid 79: GPU has fallen off the bus"},
+                "startsAt": datetime.now(UTC).isoformat(),
+            }]
+            async with httpx.AsyncClient() as client:
+                r = await client.post(f"{am_url}/api/v2/alerts", json=alert)
+                assert r.status_code == 200, r.text
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                n = state.node(node)
+                taints = {t["key"] for t in (n["spec"].get("taints") or [])}
+                left = [p for p in state.pods_on(node) if p["metadata"]["uid"] in
+                        {q["metadata"]["uid"] for q in training_before}]
+                if settings.taint_key in taints and n["spec"].get("unschedulable") and not left:
+                    break
+                await asyncio.sleep(0.25)
+            else:
+                pytest.fail(f"node not remediated in time: taints={taints} left={[p['metadata']['name'] for p in left]}")
+            daemonset_pods = [p for p in state.pods_on(node) if p["metadata"]["namespace"] in
+                              ("gpu-operator", "gpu-remediator")]
+            assert daemonset_pods, "drain must leave DaemonSet pods alone"
+            others = [state.node(f"gpu-node-{i}") for i in (0, 1, 3)]
+            assert not any(o["spec"].get("unschedulable") for o in others), "only the failing node is touched"
