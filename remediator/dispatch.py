@@ -32,16 +32,16 @@ from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
-from handlers.base import REGISTRY, HandlerRegistry, HandlerSpec, History, Sighting, Verdict, incident_id_for
+from handlers.base import REGISTRY, HandlerRegistry, HandlerSpec, History, Verdict, incident_id_for
 from remediator.audit import AuditLog
-from remediator.bus import PermanentError, settle
+from remediator.bus import PermanentError, dead_letter_publisher, settle
 from remediator.contracts import Decision, FaultEvent, utcnow
 from remediator.settings import Settings
 from remediator.state import StateStore
 from remediator.subjects import (
     FAULTS_STREAM,
     STATE_BUCKET,
-    dead_letter_subject,
+    node_from_token,
     node_key,
     remediation_subject,
 )
@@ -94,6 +94,7 @@ class Dispatcher:
         self._clock = clock
         self._batch = batch
         self.stats = DispatchStats()
+        self._dead_letter = dead_letter_publisher(js, on_dead_letter=self._audit_dead_letter)
 
     @classmethod
     async def create(cls, nc: NATS, js: JetStreamContext, settings: Settings, audit: AuditLog,
@@ -109,6 +110,7 @@ class Dispatcher:
         specs = self._registry.for_event(event)
         published: list[Decision] = []
         accepted = False
+        duplicate_for = 0
         for spec in specs:
             key = history_key(spec, event)
             now = self._clock()
@@ -127,6 +129,7 @@ class Dispatcher:
                 await self._store_decision(verdict.decision)
             verdict = await self._state.update(key, step)
             if verdict is None:
+                duplicate_for += 1
                 published += await self._republish_opened(key, event)
                 continue
             if not accepted:
@@ -160,6 +163,11 @@ class Dispatcher:
         if not specs:
             await self._audit.append(event.node, "event_ignored", f"no handler for kind {event.kind}",
                                      event_id=event.id)
+        elif duplicate_for == len(specs):
+            self.stats.duplicates += 1
+            if not published:
+                await self._audit.append(event.node, "duplicate_ignored", "event id already in the node's history",
+                                         event_id=event.id)
         return published
 
     async def _store_decision(self, decision: Decision) -> None:
@@ -171,7 +179,6 @@ class Dispatcher:
 
     async def _republish_opened(self, key: str, event: FaultEvent) -> list[Decision]:
         """A redelivered event: re-publish the decisions of incidents it opened (JetStream drops repeats)."""
-        self.stats.duplicates += 1
         history, _ = await self._state.get(key)
         out = []
         for inc in history.incidents:
@@ -186,9 +193,6 @@ class Dispatcher:
             decision = Decision.model_validate_json(entry.value)
             await self._publish_decision(decision)
             out.append(decision)
-        if not out:
-            await self._audit.append(event.node, "duplicate_ignored", "event id already in the node's history",
-                                     event_id=event.id)
         return out
 
     # --- the consumer loop --------------------------------------------------------------------------
@@ -211,11 +215,9 @@ class Dispatcher:
         if outcome == "term":
             self.stats.dead_lettered += 1
 
-    async def _dead_letter(self, msg: Msg, why: str) -> None:
-        node = msg.subject.rsplit(".", 1)[-1]
-        await self._js.publish(dead_letter_subject(FAULTS_STREAM, node), msg.data, headers=msg.headers)
-        with contextlib.suppress(Exception):
-            await self._audit.append(None, "dead_letter", why, after={"subject": msg.subject})
+    async def _audit_dead_letter(self, msg: Msg, reason: str, subject: str) -> None:
+        node = node_from_token(msg.subject.rsplit(".", 1)[-1])
+        await self._audit.append(node, "dead_letter", reason, after={"subject": msg.subject, "moved_to": subject})
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume FAULTS until ``stop`` is set; per-node order, nodes in parallel."""
@@ -243,4 +245,4 @@ class Dispatcher:
             await self._on_message(m)
 
 
-__all__ = ["DISPATCH_DURABLE", "DispatchStats", "Dispatcher", "Sighting", "history_key"]
+__all__ = ["DISPATCH_DURABLE", "DispatchStats", "Dispatcher", "history_key"]

@@ -1,0 +1,150 @@
+"""Dispatch against a real nats-server: events in FAULTS become at most one decision per incident."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import nats
+import pytest
+
+import handlers  # noqa: F401 - registers the handler families
+from handlers.base import REGISTRY
+from remediator import bus
+from remediator.audit import AuditLog, iter_records
+from remediator.contracts import Decision, FaultEvent, GpuRef
+from remediator.dispatch import Dispatcher
+from remediator.natsd import EmbeddedNats
+from remediator.settings import Settings
+from remediator.subjects import REMEDIATIONS_STREAM
+
+T0 = datetime(2026, 3, 1, 3, 12, tzinfo=UTC)
+UUID = "GPU-0b1e5e5e-0000-4000-8000-000000000001"
+
+
+def xid(node: str, code: int, eid: str, *, job: str | None = None, gpu: int = 0) -> FaultEvent:
+    return FaultEvent(id=eid, source="agent", node=node, kind="xid", code=code,
+                      gpu=GpuRef(index=gpu, uuid=f"{UUID[:-1]}{gpu}", pci_bus_id=f"0000:{0x10 + gpu:02x}:00.0"),
+                      observed_at=T0, received_at=T0, labels={"job": job} if job else {},
+                      message=f"NVRM: Xid (PCI:0000:{0x10 + gpu:02x}:00): {code}, ...")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+async def _setup(server: EmbeddedNats, clock: Clock):  # type: ignore[no-untyped-def]
+    settings = Settings(nats_url=server.url, nak_delay_s=0.1)
+    nc, js = await bus.connect(server.url)
+    await bus.provision(js, settings)
+    audit = AuditLog(js, "test", clock=clock)
+    d = await Dispatcher.create(nc, js, settings, audit, registry=REGISTRY, clock=clock)
+    return nc, js, d
+
+
+async def _decisions(js) -> list[Decision]:  # type: ignore[no-untyped-def]
+    info = await js.stream_info(REMEDIATIONS_STREAM)
+    out = []
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        if info.state.messages == 0:
+            break
+        raw = await js.get_msg(REMEDIATIONS_STREAM, seq)
+        out.append(Decision.model_validate_json(raw.data))
+    return out
+
+
+async def test_xid79_three_times_is_one_decision(nats_server: EmbeddedNats) -> None:
+    clock = Clock()
+    nc, js, d = await _setup(nats_server, clock)
+    stop = asyncio.Event()
+    runner = asyncio.create_task(d.run(stop))
+    # Alertmanager HA and retries: the same alert three times (one id) plus a second id for the same fault.
+    for eid in ("am|fp1|firing|t0", "am|fp1|firing|t0", "am|fp1|firing|t0", "agent|gpu-node-1|boot|77"):
+        await bus.publish_event(js, xid("gpu-node-1", 79, eid))
+    for _ in range(100):
+        if d.stats.events >= 2:
+            break
+        await asyncio.sleep(0.05)
+    stop.set()
+    await runner
+    decisions = await _decisions(js)
+    assert [x.playbook for x in decisions] == ["gpu-lost"]
+    assert decisions[0].node == "gpu-node-1" and decisions[0].reason
+    whats = [r.what async for r in iter_records(js, "gpu-node-1")]
+    assert whats.count("decision") == 1 and "incident_updated" in whats
+    await nc.close()
+
+
+async def test_xid13_recorded_then_hardware_suspect_after_three_jobs(nats_server: EmbeddedNats) -> None:
+    clock = Clock()
+    nc, js, d = await _setup(nats_server, clock)
+    assert await d.handle(xid("gpu-node-2", 13, "e1", job="train-a")) == []
+    clock.now += timedelta(hours=2)
+    assert await d.handle(xid("gpu-node-2", 13, "e2", job="train-b")) == []
+    clock.now += timedelta(hours=2)
+    [decision] = await d.handle(xid("gpu-node-2", 13, "e3", job="train-c"))
+    assert decision.playbook == "app-xid-hardware-suspect"
+    assert len(decision.evidence) >= 3
+    # a fourth job does not open a second incident
+    clock.now += timedelta(minutes=10)
+    assert await d.handle(xid("gpu-node-2", 13, "e4", job="train-d")) == []
+    assert [x.playbook for x in await _decisions(js)] == ["app-xid-hardware-suspect"]
+    await nc.close()
+
+
+async def test_redelivery_after_crash_republishes_the_same_decision(nats_server: EmbeddedNats) -> None:
+    """A crash after the history was written but before the decision was published loses nothing."""
+    clock = Clock()
+    nc, js, d = await _setup(nats_server, clock)
+    real_publish = d._publish_decision
+
+    async def crash(decision: Decision) -> None:
+        raise ConnectionError("process died before the publish")
+
+    d._publish_decision = crash  # type: ignore[method-assign]
+    with pytest.raises(ConnectionError):
+        await d.handle(xid("gpu-node-3", 48, "e48"))
+    assert await _decisions(js) == []  # the history holds the incident, REMEDIATIONS has nothing
+    d._publish_decision = real_publish  # type: ignore[method-assign]
+    [again] = await d.handle(xid("gpu-node-3", 48, "e48"))  # the redelivery
+    assert again.playbook == "gpu-memory-fatal"
+    assert [x.incident_id for x in await _decisions(js)] == [again.incident_id]
+    await d.handle(xid("gpu-node-3", 48, "e48"))  # once more: JetStream drops the repeat
+    assert len(await _decisions(js)) == 1
+    # and a plain duplicate of an event that opened nothing stays a duplicate
+    assert await d.handle(xid("gpu-node-3", 13, "e13", job="j")) == []
+    assert await d.handle(xid("gpu-node-3", 13, "e13", job="j")) == []
+    assert d.stats.duplicates == 3  # the redelivered 48, its repeat, the repeated 13
+    await nc.close()
+
+
+async def test_malformed_message_is_dead_lettered(nats_server: EmbeddedNats) -> None:
+    clock = Clock()
+    nc, js, d = await _setup(nats_server, clock)
+    stop = asyncio.Event()
+    runner = asyncio.create_task(d.run(stop))
+    await js.publish("faults.api.gpu-node-4", b'{"version": 1, "kind": "xid"}', headers={"Nats-Msg-Id": "bad"})
+    sub = await nc.subscribe("deadletter.>")
+    msg = await sub.next_msg(timeout=10)
+    assert msg.subject == "deadletter.faults.gpu-node-4"
+    stop.set()
+    await runner
+    records = [r async for r in iter_records(js, "gpu-node-4")]
+    assert [r.what for r in records] == ["dead_letter"]
+    await nc.close()
+
+
+@pytest.mark.parametrize("code", [79, 48])
+async def test_decisions_name_known_playbooks(nats_server: EmbeddedNats, code: int) -> None:
+    from remediator.contracts import PLAYBOOK_NAMES
+
+    clock = Clock()
+    nc, js, d = await _setup(nats_server, clock)
+    [decision] = await d.handle(xid("gpu-node-5", code, f"e{code}"))
+    assert decision.playbook in PLAYBOOK_NAMES
+    await nc.close()
+    _ = nats
