@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from remediator.subjects import (
     node_key,
     remediation_subject,
 )
+from remediator.telemetry import span, trace_id_of
 
 log = logging.getLogger(__name__)
 
@@ -104,13 +106,14 @@ class Dispatcher:
 
     # --- one event ----------------------------------------------------------------------------------
 
-    async def handle(self, event: FaultEvent) -> list[Decision]:
+    async def handle(self, event: FaultEvent, trace_id: str | None = None) -> list[Decision]:
         """Decide on one event; returns the decisions published (re-published ones included)."""
         self.stats.events += 1
         specs = self._registry.for_event(event)
         published: list[Decision] = []
         accepted = False
         duplicate_for = 0
+        audit = functools.partial(self._audit.append, trace_id=trace_id)
         for spec in specs:
             key = history_key(spec, event)
             now = self._clock()
@@ -134,7 +137,7 @@ class Dispatcher:
                 continue
             if not accepted:
                 accepted = True
-                await self._audit.append(event.node, "event_accepted", f"{event.kind} {event.code} from {event.source}",
+                await audit(event.node, "event_accepted", f"{event.kind} {event.code} from {event.source}",
                                          gpu=gpu_key or None, event_id=event.id, job=job_of(event),
                                          fingerprint=event.labels.get("fingerprint"),
                                          after={"message": event.message[:500]})
@@ -146,27 +149,27 @@ class Dispatcher:
                     await self._publish_decision(decision)
                     published.append(decision)
                 self.stats.decisions += 1
-                await self._audit.append(
+                await audit(
                     decision.node, "decision", decision.reason, incident=decision.incident_id,
                     gpu=decision.gpu.key if decision.gpu else None, event_id=event.id, job=decision.job,
                     after={"playbook": decision.playbook, "group": decision.group, "handler": decision.handler,
                            "evidence": [e.model_dump(mode="json") for e in decision.evidence]})
             elif verdict.updated_incident is not None:
                 self.stats.updated += 1
-                await self._audit.append(event.node, "incident_updated", verdict.reason,
+                await audit(event.node, "incident_updated", verdict.reason,
                                          incident=verdict.updated_incident, gpu=gpu_key or None,
                                          event_id=event.id, job=job_of(event))
             else:
                 self.stats.no_action += 1
-                await self._audit.append(event.node, "event_ignored", verdict.reason, gpu=gpu_key or None,
+                await audit(event.node, "event_ignored", verdict.reason, gpu=gpu_key or None,
                                          event_id=event.id, job=job_of(event))
         if not specs:
-            await self._audit.append(event.node, "event_ignored", f"no handler for kind {event.kind}",
+            await audit(event.node, "event_ignored", f"no handler for kind {event.kind}",
                                      event_id=event.id)
         elif duplicate_for == len(specs):
             self.stats.duplicates += 1
             if not published:
-                await self._audit.append(event.node, "duplicate_ignored", "event id already in the node's history",
+                await audit(event.node, "duplicate_ignored", "event id already in the node's history",
                                          event_id=event.id)
         return published
 
@@ -204,7 +207,8 @@ class Dispatcher:
                 event = FaultEvent.model_validate_json(msg.data)
             except ValidationError as exc:
                 raise PermanentError(f"not a FaultEvent v1: {exc.errors()[0]['msg']}") from exc
-            await self.handle(event)
+            with span("dispatch", msg.headers) as sp:
+                await self.handle(event, trace_id=trace_id_of(sp))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # mapped to ack/nak/term by settle, the one place that decides
