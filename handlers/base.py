@@ -77,7 +77,7 @@ class History:
     def remember(self, s: Sighting, now: datetime, keep: timedelta = timedelta(hours=24),
                  limit: int = 512) -> History:
         """Add ``s``, forgetting sightings older than ``keep`` and all but the newest ``limit``."""
-        kept = tuple(x for x in self.sightings if now - x.at <= keep) + (s,)
+        kept = (*(x for x in self.sightings if now - x.at <= keep), s)
         return replace(self, sightings=kept[-limit:])
 
     def with_incident(self, inc: Incident) -> History:
@@ -115,12 +115,19 @@ class Verdict:
 DecideFn = Callable[[FaultEvent, History, datetime], Verdict]
 
 
+HistoryKeyFn = Callable[[FaultEvent], str]
+
+
 @dataclass(frozen=True)
 class HandlerSpec:
+    """A registered handler. ``history_key`` names the KV key of the history it decides over; None means the
+    event's node (``node.<node>``), the default for every handler whose state is per node."""
+
     name: str
     kinds: frozenset[str]
     decide: DecideFn
     matches: Callable[[FaultEvent], bool]
+    history_key: HistoryKeyFn | None = None
 
 
 @dataclass
@@ -144,15 +151,20 @@ _DECIDE_PARAMS = ("event", "history", "now")
 
 
 def handler(name: str, kinds: Iterable[str], matches: Callable[[FaultEvent], bool] | None = None,
-            registry: HandlerRegistry | None = None) -> Callable[[DecideFn], DecideFn]:
-    """Register ``decide(event, history, now) -> Verdict`` for ``kinds``; returns the function unchanged."""
+            registry: HandlerRegistry | None = None,
+            history_key: HistoryKeyFn | None = None) -> Callable[[DecideFn], DecideFn]:
+    """Register ``decide(event, history, now) -> Verdict`` for ``kinds``; returns the function unchanged.
+
+    ``history_key`` (optional) keys the history by something other than the node, e.g. a job for handlers
+    that correlate across nodes.
+    """
 
     def wrap(fn: DecideFn) -> DecideFn:
         params = tuple(inspect.signature(fn).parameters)
         if params != _DECIDE_PARAMS:
             raise TypeError(f"handler {name!r}: decide must take {_DECIDE_PARAMS}, not {params}")
         (registry or REGISTRY).register(
-            HandlerSpec(name, frozenset(kinds), fn, matches or (lambda _e: True)))
+            HandlerSpec(name, frozenset(kinds), fn, matches or (lambda _e: True), history_key))
         return fn
 
     return wrap

@@ -24,6 +24,7 @@ from nats.aio.client import Client as NATS
 from nats.js.client import JetStreamContext
 
 import handlers
+from handlers import xid as xid_handler
 from handlers.base import REGISTRY
 from playbooks.catalog import PlaybookCatalog
 from remediator import bus
@@ -86,6 +87,7 @@ class Service:
         if self.provision:
             await bus.provision(self.js, s)
         actor = s.replica_id or default_actor()
+        xid_handler.configure(xid_handler.XidPolicy.from_settings(s.xid_app_window_s, s.xid_app_threshold))
         self.audit = AuditLog(self.js, actor, clock=self.clock)
         self.dispatcher = await Dispatcher.create(self.nc, self.js, s, self.audit, registry=REGISTRY,
                                                   clock=self.clock)

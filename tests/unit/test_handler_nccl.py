@@ -1,0 +1,289 @@
+"""The NCCL handler: ranks of one job correlated across nodes; hardware, stragglers, links, no suspect."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from handlers.base import REGISTRY, History
+from handlers.incidents import job_group
+from handlers.nccl import NcclPolicy, evaluate, history_key, matches
+from tests.unit.handler_helpers import GPU_A, GPU_B, GPU_C, T0, at, decisions, ev, run
+
+POLICY = NcclPolicy()
+GROUP = job_group("ml", "llm")
+
+
+def _decide(e, h, now):  # type: ignore[no-untyped-def]
+    return evaluate(e, h, now, POLICY)
+
+
+def timeout(rank: int, node: str, seq: int = 1580, *, gpu: str = GPU_A, op: str = "ALLREDUCE",
+            **labels: str):  # type: ignore[no-untyped-def]
+    return ev("nccl_timeout", "watchdog_timeout", node=node, gpu=gpu,
+              labels={"job": "llm", "namespace": "ml", "pod": f"llm-{rank}", "rank": str(rank), "seq": str(seq),
+                      "op_type": op, **labels})
+
+
+def ib_error(rank: int, node: str, peer: str, **labels: str):  # type: ignore[no-untyped-def]
+    return ev("nccl_error", "ib_status_12", node=node,
+              labels={"job": "llm", "namespace": "ml", "rank": str(rank), "peer": peer, **labels})
+
+
+# --- keying and registration --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("labels", "key"),
+    [pytest.param({"job": "llm", "namespace": "ml"}, "job.ml.llm", id="job-and-namespace"),
+     pytest.param({"training.kubeflow.org/job-name": "llm"}, "job.default.llm", id="kubeflow-default-ns"),
+     pytest.param({"job-name": "a.b", "namespace": "x"}, "job.x.a_b", id="dots-tokenised"),
+     pytest.param({"pod": "p-1"}, "job.default.p-1", id="pod-fallback"),
+     pytest.param({}, "node.node-1", id="no-job-keys-by-node")],
+)
+def test_history_key(labels: dict[str, str], key: str) -> None:
+    assert history_key(ev("nccl_timeout", None, labels=labels)) == key
+
+
+def test_registration_and_matching() -> None:
+    spec = REGISTRY.specs["nccl"]
+    assert spec.history_key is history_key
+    assert {"nccl_timeout", "nccl_error", "job_failure", "xid", "ecc", "gpu_lost"} <= spec.kinds
+    assert matches(ev("nccl_timeout", None))
+    assert not matches(ev("xid", 79))  # hardware without a job: only the node's Xid handler
+    assert matches(ev("xid", 79, labels={"job": "llm"}))
+    assert sorted(s.name for s in REGISTRY.for_event(ev("xid", 79, labels={"job": "llm"}))) == ["nccl", "xid"]
+
+
+# --- decision table ------------------------------------------------------------------------------
+
+
+def test_first_report_alone_is_correlating() -> None:
+    v = _decide(timeout(0, "node-1"), History(), at(0))
+    assert v.decision is None and "correlating" in v.reason
+
+
+def test_all_ranks_same_seq_no_suspect_restarts_job_only() -> None:
+    verdicts, _h = run(_decide, [(timeout(0, "node-1"), at(0)), (timeout(1, "node-2"), at(1)),
+                                (timeout(2, "node-3"), at(2))])
+    assert decisions(verdicts) == ["nccl-timeout-no-suspect"]
+    d = verdicts[1].decision
+    assert d is not None and d.group == GROUP and d.gpu is None and d.job == "llm"
+    assert d.labels == {"job": "llm", "namespace": "ml", "history_key": "job.ml.llm"}
+    assert verdicts[2].updated_incident == d.incident_id
+    assert "2 rank(s) on 2 node(s)" in d.reason
+
+
+def test_settle_time_decides_a_single_rank() -> None:
+    verdicts, _ = run(_decide, [(timeout(0, "node-1"), at(0)), (timeout(0, "node-1"), at(59)),
+                                (timeout(0, "node-1"), at(60))])
+    assert [v.decision is not None for v in verdicts] == [False, False, True]
+
+
+def test_job_failure_settles_at_once() -> None:
+    fail = ev("job_failure", "exitcode_-6", labels={"job": "llm", "namespace": "ml", "rank": "0"})
+    verdicts, _ = run(_decide, [(timeout(0, "node-1"), at(0)), (fail, at(5))])
+    assert decisions(verdicts) == ["nccl-timeout-no-suspect"]
+
+
+@pytest.mark.parametrize(
+    ("signal", "cause"),
+    [pytest.param(ev("xid", 79, node="node-2", gpu=GPU_B, labels={"job": "llm", "namespace": "ml"}), "hardware",
+                  id="xid-79-on-a-rank-node"),
+     pytest.param(ev("ecc", "dbe_volatile", node="node-2", gpu=GPU_B,
+                     labels={"job": "llm", "namespace": "ml", "value": "1"}), "hardware", id="dbe-on-a-rank-node"),
+     pytest.param(ev("nccl_timeout", None, node="node-2", gpu=GPU_B,
+                     labels={"job": "llm", "namespace": "ml", "rank": "1", "cuda_error": "214"}), "hardware",
+                  id="cuda-214-in-watchdog"),
+     pytest.param(ev("nccl_timeout", None, node="node-2", gpu=GPU_B,
+                     labels={"job": "llm", "namespace": "ml", "rank": "1"},
+                     message="NCCL watchdog thread terminated with exception: CUDA error: uncorrectable NVLink "
+                             "error detected during the execution"), "hardware", id="nvlink-text"),
+     pytest.param(ev("nccl_timeout", None, node="node-2", gpu=GPU_B,
+                     labels={"job": "llm", "namespace": "ml", "rank": "1"},
+                     message="ProcessGroupNCCL's watchdog got stuck for 600 seconds without making progress"),
+                  "hardware", id="watchdog-hang")],
+)
+def test_concurrent_hardware_signal_names_the_suspect(signal: object, cause: str) -> None:
+    verdicts, _ = run(_decide, [(timeout(0, "node-1"), at(0)), (signal, at(10))])  # type: ignore[list-item]
+    d = verdicts[-1].decision
+    assert d is not None and d.playbook == "nccl-timeout-suspect"
+    assert (d.node, d.labels["suspect_node"], d.labels["cause"]) == ("node-2", "node-2", cause)
+    assert d.gpu is not None and d.gpu.uuid == GPU_B
+    assert d.group == GROUP and d.evidence
+
+
+def test_application_xid_is_not_a_hardware_signal() -> None:
+    xid13 = ev("xid", 13, node="node-2", labels={"job": "llm", "namespace": "ml"})
+    verdicts, _ = run(_decide, [(timeout(0, "node-1"), at(0)), (xid13, at(5))])
+    assert decisions(verdicts) == [] and "not a hardware signal" in verdicts[1].reason
+
+
+def test_hardware_before_any_nccl_failure_is_remembered() -> None:
+    xid79 = ev("xid", 79, node="node-3", gpu=GPU_C, labels={"job": "llm", "namespace": "ml"})
+    verdicts, _ = run(_decide, [(xid79, at(0)), (timeout(0, "node-1"), at(30))])
+    assert verdicts[0].decision is None and "no NCCL failure" in verdicts[0].reason
+    d = verdicts[1].decision
+    assert d is not None and d.labels["suspect_node"] == "node-3"
+
+
+@pytest.mark.parametrize(
+    ("age", "suspect"),
+    [pytest.param(timedelta(minutes=10), True, id="hardware-exactly-10-min-before"),
+     pytest.param(timedelta(minutes=10, seconds=1), False, id="hardware-just-outside-window")],
+)
+def test_hardware_window_boundary(age: timedelta, suspect: bool) -> None:
+    xid79 = ev("xid", 79, node="node-3", gpu=GPU_C, labels={"job": "llm", "namespace": "ml"})
+    fail = ev("job_failure", None, labels={"job": "llm", "namespace": "ml"})
+    verdicts, _ = run(_decide, [(xid79, T0), (fail, T0 + age)])
+    d = verdicts[-1].decision
+    assert d is not None
+    assert (d.playbook == "nccl-timeout-suspect") == suspect
+
+
+def test_hardware_after_no_suspect_supersedes() -> None:
+    xid48 = ev("xid", 48, node="node-2", gpu=GPU_B, labels={"job": "llm", "namespace": "ml"})
+    verdicts, h = run(_decide, [(timeout(0, "node-1"), at(0)), (timeout(1, "node-2"), at(1)), (xid48, at(20))])
+    assert decisions(verdicts) == ["nccl-timeout-no-suspect", "nccl-timeout-suspect"]
+    d = verdicts[2].decision
+    assert d is not None and d.labels["supersedes"] == verdicts[1].decision.incident_id  # type: ignore[union-attr]
+    assert len(h.incidents) == 1 and h.incidents[0].playbook == "nccl-timeout-suspect"
+
+
+def test_desync_report_lagging_ranks_on_one_node() -> None:
+    steps = [(timeout(0, "node-1", gpu=GPU_A, lagging_ranks="6,7"), at(0)),
+             (timeout(6, "node-4", gpu=GPU_A, seq=1579), at(1)), (timeout(7, "node-4", gpu=GPU_B, seq=1579), at(2))]
+    verdicts, _ = run(_decide, steps)
+    assert verdicts[1].decision is None and "waiting for lagging rank(s) 7" in verdicts[1].reason
+    d = verdicts[2].decision
+    assert d is not None and d.playbook == "nccl-timeout-suspect"
+    assert (d.labels["suspect_node"], d.labels["cause"]) == ("node-4", "lagging_ranks")
+    assert d.labels["suspect_gpu"] == ""  # ranks 6 and 7 sit on different GPUs of node-4
+    assert d.gpu is None
+
+
+def test_minority_behind_on_seqnum_is_the_straggler() -> None:
+    steps = [(timeout(0, "node-1", seq=96120), at(0)), (timeout(1, "node-1", seq=96120, gpu=GPU_B), at(1)),
+             (timeout(2, "node-2", seq=96120), at(2)), (timeout(7, "node-3", seq=64088, gpu=GPU_C), at(3))]
+    verdicts, _ = run(_decide, steps)
+    assert decisions(verdicts) == ["nccl-timeout-no-suspect", "nccl-timeout-suspect"]
+    d = verdicts[3].decision
+    assert d is not None and d.node == "node-3" and d.gpu is not None and d.gpu.uuid == GPU_C
+    assert "behind the others' SeqNum" in d.reason
+
+
+def test_lagging_ranks_on_two_nodes_is_no_suspect() -> None:
+    steps = [(timeout(0, "node-1", lagging_ranks="3,5"), at(0)), (timeout(3, "node-2", seq=1), at(1)),
+             (timeout(5, "node-3", seq=1), at(2))]
+    verdicts, _ = run(_decide, steps)
+    assert decisions(verdicts) == ["nccl-timeout-no-suspect"]
+    assert verdicts[2].decision is not None
+
+
+def test_unheard_lagging_rank_is_no_suspect_after_settle() -> None:
+    steps = [(timeout(0, "node-1", lagging_ranks="9"), at(0)), (timeout(1, "node-2"), at(1)),
+             (timeout(2, "node-2"), at(60))]
+    verdicts, _ = run(_decide, steps)
+    assert [v.decision.playbook if v.decision else None for v in verdicts] == [
+        None, None, "nccl-timeout-no-suspect"]
+
+
+def test_op_mismatch_is_a_program_bug_not_hardware() -> None:
+    steps = [(timeout(0, "node-1", seq=317, op="ALLREDUCE"), at(0)),
+             (timeout(1, "node-1", seq=317, op="_ALLGATHER_BASE", gpu=GPU_B), at(1)),
+             (timeout(2, "node-2", seq=315, op="ALLREDUCE"), at(2))]
+    verdicts, _ = run(_decide, steps)
+    assert decisions(verdicts) == ["nccl-timeout-no-suspect"]
+    assert "program-order bug" in verdicts[1].decision.reason  # type: ignore[union-attr]
+
+
+def test_early_collective_is_not_hardware() -> None:
+    steps = [(timeout(0, "node-1", seq=5, lagging_ranks="3"), at(0)), (timeout(3, "node-2", seq=4), at(1))]
+    verdicts, _ = run(_decide, steps)
+    assert decisions(verdicts) == ["nccl-timeout-no-suspect"]
+    assert "never started" in verdicts[1].decision.reason  # type: ignore[union-attr]
+
+
+def test_repeated_peer_with_known_node_points_at_the_link() -> None:
+    steps = [(ib_error(0, "node-1", "10.0.0.9", peer_node="node-9"), at(0)),
+             (ib_error(4, "node-2", "10.0.0.9", peer_node="node-9"), at(1))]
+    verdicts, _ = run(_decide, steps)
+    d = verdicts[1].decision
+    assert d is not None and d.playbook == "nccl-timeout-suspect"
+    assert (d.node, d.labels["cause"]) == ("node-9", "peer_link")
+
+
+def test_repeated_peer_without_node_restarts_job_and_names_the_peer() -> None:
+    steps = [(ib_error(0, "node-1", "10.0.0.9"), at(0)), (ib_error(4, "node-2", "10.0.0.9"), at(1))]
+    verdicts, _ = run(_decide, steps)
+    d = verdicts[1].decision
+    assert d is not None and d.playbook == "nccl-timeout-no-suspect"
+    assert d.labels["suspect_peer"] == "10.0.0.9" and "peer 10.0.0.9" in d.reason
+
+
+def test_errors_from_one_node_to_many_peers_point_at_its_nic() -> None:
+    steps = [(ib_error(0, "node-1", "10.0.0.2"), at(0)), (ib_error(1, "node-1", "10.0.0.3"), at(1))]
+    verdicts, _ = run(_decide, steps)
+    d = verdicts[1].decision
+    assert d is not None and (d.playbook, d.node, d.labels["cause"]) == ("nccl-timeout-suspect", "node-1",
+                                                                         "local_nic")
+
+
+def test_storm_of_ranks_is_one_incident() -> None:
+    steps = [(timeout(r, f"node-{r % 8}"), at(r)) for r in range(64)]
+    verdicts, h = run(_decide, steps)
+    assert decisions(verdicts) == ["nccl-timeout-no-suspect"]
+    assert len(h.incidents) == 1 and h.incidents[0].count == 63
+
+
+def test_event_without_job_is_recorded() -> None:
+    v = _decide(ev("nccl_timeout", None), History(), at(0))
+    assert v.decision is None and "names no job" in v.reason
+
+
+def test_policy_is_a_parameter() -> None:
+    policy = NcclPolicy(min_ranks=5, settle=timedelta(hours=1))
+    verdicts, _ = run(lambda e, h, n: evaluate(e, h, n, policy),
+                      [(timeout(r, "node-1"), at(r)) for r in range(4)])
+    assert decisions(verdicts) == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["timeout", "ib", "xid79", "xid13", "fail"]), st.integers(0, 7),
+                          st.integers(0, 120)), min_size=1, max_size=30))
+def test_never_more_than_one_open_incident_per_job(seq: list[tuple[str, int, int]]) -> None:
+    h = History()
+    now = T0
+    for what, rank, gap in seq:
+        now += timedelta(seconds=gap)
+        node = f"node-{rank % 3}"
+        e = {"timeout": timeout(rank, node, seq=1000 + rank % 2),
+             "ib": ib_error(rank, node, f"10.0.0.{rank % 2}"),
+             "xid79": ev("xid", 79, node=node, labels={"job": "llm", "namespace": "ml"}),
+             "xid13": ev("xid", 13, node=node, labels={"job": "llm", "namespace": "ml"}),
+             "fail": ev("job_failure", None, node=node, labels={"job": "llm", "namespace": "ml"})}[what]
+        v = _decide(e, h, now)
+        h = v.history
+        assert [i.group for i in h.incidents] in ([], [GROUP])
+        assert v.decision is None or v.updated_incident is None
+
+
+def test_healthy_hardware_event_is_not_a_signal() -> None:
+    back = ev("gpu_lost", "NVML_ERROR_GPU_IS_LOST", node="node-2", is_healthy=True,
+              labels={"job": "llm", "namespace": "ml"})
+    verdicts, _ = run(_decide, [(timeout(0, "node-1"), at(0)), (back, at(5)), (timeout(1, "node-1"), at(6))])
+    assert decisions(verdicts) == ["nccl-timeout-no-suspect"]
+
+
+def test_incident_id_is_derived_from_the_reporting_node() -> None:
+    from handlers.base import incident_id_for
+
+    xid79 = ev("xid", 79, node="node-3", gpu=GPU_C, labels={"job": "llm", "namespace": "ml"})
+    first = timeout(0, "node-1")
+    verdicts, _ = run(_decide, [(xid79, at(0)), (first, at(5))])
+    d = verdicts[1].decision
+    assert d is not None and d.node == "node-3"
+    assert d.incident_id == incident_id_for("node-1", GROUP, first.id)
