@@ -1,0 +1,1259 @@
+"""Kubernetes adapter: every call the service makes to the Kubernetes API, and the only module that imports
+``kubernetes``.
+
+Where it sits: below the executor's step library (DESIGN.md §7). Playbook steps (``taint``, ``cordon``,
+``drain``, ``isolate_gpu``, ``restart_job``, ``return_to_service``, ``escalate``) and the blast-radius guard
+call a ``KubeAdapter``; nothing above this module sees a kubernetes model object, an ``ApiException`` or a
+urllib3 error. What comes back is plain data: dicts shaped like the API's JSON (camelCase keys inside raw
+objects, snake_case in the summaries this module builds), ``JobRef`` and ``KubeChange`` frozen dataclasses.
+
+The adapter is synchronous and thread-safe: the async executor calls it through ``asyncio.to_thread``, and
+several steps may run at once on different nodes. One ``urllib3`` pool is shared; the rate limiter holds
+its own lock; every other piece of state lives on the stack of one call.
+
+Client discipline, in one place (``KubeAdapter._request``):
+
+* every request, each retry included, first takes a token from a ``TokenBucket`` (default 20 QPS, burst 40);
+* 5xx (but 501), 408, 429 (honouring ``Retry-After``), connection errors and timeouts are retried by
+  tenacity with exponential backoff and jitter, within a total budget (``retry_budget_s``); the client
+  library's own urllib3 retries are switched off so there is exactly one retry layer at this boundary;
+* 409 Conflict is never retried blindly: node and object patches carry their ``resourceVersion`` as a
+  precondition, so a concurrent writer makes the patch fail, and the mutation re-reads and re-decides
+  (bounded by ``conflict_attempts``);
+* 404 becomes ``NotFound``, which a caller can act on (the node is gone, the pod is already evicted).
+
+Error vocabulary (what may leave this module):
+
+* ``KubeTemporaryError`` — worth trying again later: the retry budget ran out on 5xx/429/connection
+  errors, or conflicting writers kept winning. Carries ``status`` and ``retry_after`` (seconds, when the
+  server said). The adapter has already retried; the caller naks with a delay rather than looping.
+* ``KubePermanentError`` — retrying will not help (400, 401, 403, 422, an unsupported job kind …).
+* ``NotFound`` — a ``KubePermanentError`` for 404, naming the missing object.
+* ``DrainTimeout`` — a drain or per-GPU eviction did not finish within its timeout (PodDisruptionBudgets
+  kept refusing, or evicted pods did not terminate). Carries the pods left and those already evicted; the
+  playbook escalates. Not retried here: the drain itself is idempotent, so running it again continues.
+
+Mutations are idempotent (check before act) and return ``KubeChange(changed, before, after, detail)`` for
+the audit trail.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import socket
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import TYPE_CHECKING, Any, Final
+
+import urllib3
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+from tenacity import RetryCallState, RetryError, Retrying, retry_if_exception
+
+from remediator.adapters.ratelimit import TokenBucket
+from remediator.contracts import OPT_OUT_LABEL, POOL_LABEL
+
+if TYPE_CHECKING:
+    from remediator.settings import Settings
+
+__all__ = [
+    "CORDONED_BY_US_ANNOTATION",
+    "ESCALATED_ANNOTATION",
+    "GPU_INDICES_ANNOTATION",
+    "RESTARTED_AT_ANNOTATION",
+    "RESTART_ID_ANNOTATION",
+    "DrainTimeout",
+    "JobRef",
+    "KubeAdapter",
+    "KubeChange",
+    "KubeError",
+    "KubePermanentError",
+    "KubeTemporaryError",
+    "NotFound",
+]
+
+log = logging.getLogger(__name__)
+
+# --- names on the wire ------------------------------------------------------------------------------
+
+GPU_INDICES_ANNOTATION: Final = "gpu-remediator.io/gpu-indices"
+RESTARTED_AT_ANNOTATION: Final = "gpu-remediator.io/restarted-at"
+RESTART_ID_ANNOTATION: Final = "gpu-remediator.io/restart-id"
+# UIDs of the pods a restart deletes, written before deleting: a restart interrupted half way is finished
+# by the next call with the same restart id, and pods created since are never touched.
+RESTART_POD_UIDS_ANNOTATION: Final = "gpu-remediator.io/restart-pod-uids"
+ESCALATED_ANNOTATION: Final = "gpu-remediator.io/escalated"
+# Set by ``cordon`` when it cordons, so ``uncordon(only_if_ours=True)`` never undoes someone else's cordon.
+CORDONED_BY_US_ANNOTATION: Final = "gpu-remediator.io/cordoned-at"
+MIRROR_POD_ANNOTATION: Final = "kubernetes.io/config.mirror"
+KUBEFLOW_JOB_LABEL: Final = "training.kubeflow.org/job-name"
+KUBEFLOW_REPLICA_INDEX_LABEL: Final = "training.kubeflow.org/replica-index"
+BATCH_JOB_LABELS: Final = ("batch.kubernetes.io/job-name", "job-name")
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+DEFAULT_POOL: Final = "default"
+EVENT_NAMESPACE: Final = "default"  # where Kubernetes keeps events about cluster-scoped objects (Nodes)
+COMPONENT: Final = "gpu-remediator"
+TAINT_EFFECTS: Final = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+MERGE_PATCH: Final = "application/merge-patch+json"
+
+# Controllers restart_job knows how to reach: kind -> (API group/version, plural).
+_CONTROLLERS: Final[dict[str, tuple[str, str]]] = {
+    "PyTorchJob": ("kubeflow.org/v1", "pytorchjobs"),
+    "Job": ("batch/v1", "jobs"),
+    "StatefulSet": ("apps/v1", "statefulsets"),
+    "Deployment": ("apps/v1", "deployments"),
+    "ReplicaSet": ("apps/v1", "replicasets"),
+}
+
+# --- error vocabulary -------------------------------------------------------------------------------
+
+
+class KubeError(Exception):
+    """Base of everything this adapter raises."""
+
+
+class KubeTemporaryError(KubeError):
+    """The API could not do it now; the adapter's own retries are spent. Try again later.
+
+    ``status`` is the HTTP status of the last answer (``None`` for a connection error or timeout);
+    ``retry_after`` is what the server asked for, in seconds, when it said.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after
+
+
+class KubePermanentError(KubeError):
+    """Trying again will not help: the request is wrong, forbidden or unsupported."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class NotFound(KubePermanentError):
+    """404: the object named is not there (``kind``, ``name``, ``namespace`` say which)."""
+
+    def __init__(self, message: str, *, kind: str = "", name: str = "", namespace: str | None = None) -> None:
+        super().__init__(message, status=404)
+        self.kind = kind
+        self.name = name
+        self.namespace = namespace
+
+
+class DrainTimeout(KubeError):
+    """A drain (or per-GPU eviction) did not finish in time.
+
+    ``pods_left`` lists what still stands between the node and empty, each ``{name, namespace, uid, owner,
+    reason}`` with ``reason`` ``"blocked by PodDisruptionBudget"`` or ``"still terminating"``; ``evicted``
+    lists the pods evicted before the time ran out.
+    """
+
+    def __init__(
+        self, node: str, timeout_s: float, pods_left: list[dict[str, Any]], evicted: list[dict[str, Any]]
+    ) -> None:
+        names = ", ".join(f"{p['namespace']}/{p['name']}" for p in pods_left[:10])
+        more = f" and {len(pods_left) - 10} more" if len(pods_left) > 10 else ""
+        super().__init__(
+            f"drain of {node} did not finish within {timeout_s:g}s; {len(pods_left)} pods left: {names}{more}"
+        )
+        self.node = node
+        self.timeout_s = timeout_s
+        self.pods_left = pods_left
+        self.evicted = evicted
+
+
+class _Conflict(KubeTemporaryError):
+    """409: our precondition lost to a concurrent writer (or the object already exists). Internal."""
+
+
+# --- plain data handed to callers -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KubeChange:
+    """What one mutation did, for the audit trail: ``changed`` is False when it found nothing to do."""
+
+    changed: bool
+    before: dict[str, Any] = field(default_factory=dict)
+    after: dict[str, Any] = field(default_factory=dict)
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """The controller that owns a pod's gang: PyTorchJob, Job, StatefulSet, Deployment, ReplicaSet, or
+    ``kind="Pod"`` for a bare pod that nothing recreates."""
+
+    kind: str
+    name: str
+    namespace: str
+    api_version: str
+    uid: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}/{self.namespace}/{self.name}"
+
+
+# --- small pure helpers -----------------------------------------------------------------------------
+
+
+def _meta(obj: Mapping[str, Any]) -> dict[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
+def _annotations(obj: Mapping[str, Any]) -> dict[str, str]:
+    return dict(_meta(obj).get("annotations") or {})
+
+
+def _labels(obj: Mapping[str, Any]) -> dict[str, str]:
+    return dict(_meta(obj).get("labels") or {})
+
+
+def _taint_view(t: Mapping[str, Any]) -> dict[str, str]:
+    return {"key": str(t.get("key", "")), "value": str(t.get("value") or ""), "effect": str(t.get("effect", ""))}
+
+
+def _raw_taints(node: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [dict(t) for t in (node.get("spec") or {}).get("taints") or []]
+
+
+def _unschedulable(node: Mapping[str, Any]) -> bool:
+    return bool((node.get("spec") or {}).get("unschedulable"))
+
+
+def _quantity_to_int(value: Any) -> int:
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return 0
+
+
+def parse_gpu_indices(value: str | None) -> list[int]:
+    """``"0,1, 3"`` → ``[0, 1, 3]``; anything that is not a non-negative integer is ignored."""
+    if not value:
+        return []
+    out: list[int] = []
+    for part in value.replace(" ", "").split(","):
+        if part.isdigit():
+            index = int(part)
+            if index not in out:
+                out.append(index)
+    return out
+
+
+def _controller_owner(meta: Mapping[str, Any]) -> dict[str, Any] | None:
+    owners = [o for o in meta.get("ownerReferences") or [] if isinstance(o, dict)]
+    for o in owners:
+        if o.get("controller"):
+            return o
+    return owners[0] if owners else None
+
+
+def _label_selector(selector: Mapping[str, Any] | None) -> str:
+    """A ``LabelSelector`` object as the query-string form (``a=b,c in (d,e),!f``)."""
+    if not selector:
+        return ""
+    parts = [f"{k}={v}" for k, v in sorted((selector.get("matchLabels") or {}).items())]
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+        if op == "In":
+            parts.append(f"{key} in ({','.join(values)})")
+        elif op == "NotIn":
+            parts.append(f"{key} notin ({','.join(values)})")
+        elif op == "Exists":
+            parts.append(str(key))
+        elif op == "DoesNotExist":
+            parts.append(f"!{key}")
+    return ",".join(parts)
+
+
+def _status_message(data: bytes) -> str:
+    try:
+        body = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return data[:200].decode("utf-8", "replace")
+    if isinstance(body, dict):
+        return str(body.get("message") or body.get("reason") or "")[:500]
+    return ""
+
+
+def _brief(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a pod summary that goes into audit records."""
+    owner = pod.get("owner")
+    return {
+        "name": pod["name"],
+        "namespace": pod["namespace"],
+        "uid": pod.get("uid"),
+        "owner": f"{owner['kind']}/{owner['name']}" if owner else None,
+        "gpu_indices": pod.get("gpu_indices", []),
+        "emptydir": bool(pod.get("emptydir")),
+    }
+
+
+def _iso(dt: datetime) -> str:
+    return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _wall_clock() -> datetime:
+    return datetime.now(UTC)
+
+
+# --- the adapter ------------------------------------------------------------------------------------
+
+
+class KubeAdapter:
+    """Synchronous, thread-safe access to the Kubernetes API for the remediation steps.
+
+    ``kubeconfig`` names a kubeconfig file; ``None`` tries the in-cluster service account, then the default
+    kubeconfig (``$KUBECONFIG`` or ``~/.kube/config``). ``clock``/``sleep`` (monotonic seconds),
+    ``wall_clock`` (UTC stamps written into annotations and events) and ``rng`` (jitter) are injectable.
+    """
+
+    def __init__(
+        self,
+        kubeconfig: str | None = None,
+        *,
+        qps: float = 20.0,
+        burst: int = 40,
+        retry_budget_s: float = 60.0,
+        taint_key: str = "gpu-remediator/quarantine",
+        drain_timeout_s: float = 300.0,
+        drain_grace_period_s: int | None = 30,
+        conflict_attempts: int = 5,
+        request_timeout_s: tuple[float, float] = (5.0, 30.0),
+        backoff_base_s: float = 0.2,
+        backoff_max_s: float = 10.0,
+        poll_interval_s: float = 1.0,
+        page_size: int = 500,
+        instance: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        wall_clock: Callable[[], datetime] = _wall_clock,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        if retry_budget_s <= 0:
+            raise ValueError("retry_budget_s must be positive")
+        if conflict_attempts < 1:
+            raise ValueError("conflict_attempts must be at least 1")
+        self._api = self._load_client(kubeconfig)
+        self._bucket = TokenBucket(qps, burst, clock=clock, sleep=sleep)
+        self._retry_budget_s = float(retry_budget_s)
+        self.taint_key = taint_key
+        self._drain_timeout_s = float(drain_timeout_s)
+        self._drain_grace_period_s = drain_grace_period_s
+        self._conflict_attempts = conflict_attempts
+        self._request_timeout = request_timeout_s
+        self._backoff_base_s = backoff_base_s
+        self._backoff_max_s = backoff_max_s
+        self._poll_interval_s = poll_interval_s
+        self._page_size = page_size
+        self._instance = instance or socket.gethostname()
+        self._clock = clock
+        self._sleep = sleep
+        self._wall_clock = wall_clock
+        self._rng = rng
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: Any) -> KubeAdapter:
+        """An adapter configured from ``Settings`` (kubeconfig, QPS/burst, retry budget, taint key, drain)."""
+        kwargs: dict[str, Any] = {
+            "qps": settings.kube_qps,
+            "burst": settings.kube_burst,
+            "retry_budget_s": settings.kube_retry_budget_s,
+            "taint_key": settings.taint_key,
+            "drain_timeout_s": settings.drain_timeout_s,
+            "drain_grace_period_s": settings.drain_grace_period_s,
+            "instance": settings.replica_id or None,
+        }
+        kwargs.update(overrides)
+        return cls(settings.kubeconfig, **kwargs)
+
+    @staticmethod
+    def _load_client(kubeconfig: str | None) -> Any:
+        cfg = k8s_client.Configuration()
+        if kubeconfig is None:
+            try:
+                k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+            except ConfigException:
+                k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                    client_configuration=cfg, persist_config=False
+                )
+        else:
+            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, client_configuration=cfg, persist_config=False
+            )
+        # One retry layer per boundary (STYLE.md 4): ours, with a budget. urllib3's own retries stay off.
+        cfg.retries = False
+        return k8s_client.ApiClient(configuration=cfg)
+
+    def close(self) -> None:
+        """Release the connection pool."""
+        self._api.close()
+
+    def __enter__(self) -> KubeAdapter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- the one request path ------------------------------------------------------------------------
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str | int] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        kind: str = "",
+        name: str = "",
+        namespace: str | None = None,
+        no_retry: frozenset[int] = frozenset(),
+    ) -> dict[str, Any]:
+        """Send one API request under the rate limit and the retry policy; return the JSON body.
+
+        ``no_retry`` lists statuses the caller handles itself (the drain handles PDB 429s on its own
+        clock); 409 is never retried here.
+        """
+        budget = self._retry_budget_s
+        start = self._clock()
+        what = f"{kind or 'object'} {namespace + '/' if namespace else ''}{name}".strip()
+
+        def attempt() -> dict[str, Any]:
+            self._bucket.acquire()
+            headers = {"Accept": "application/json"}
+            if body is not None:
+                headers["Content-Type"] = content_type
+            m, url, hdrs, payload, _ = self._api.param_serialize(
+                method=method,
+                resource_path=path,
+                query_params=list(query.items()) if query else None,
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            try:
+                resp = self._api.call_api(
+                    m, url, header_params=hdrs, body=payload, _request_timeout=self._request_timeout
+                )
+                data: bytes = resp.read() or b""
+            except ApiException as e:  # the client wraps TLS failures as status 0
+                raise KubeTemporaryError(f"{method} {path}: {e.reason}") from e
+            except (urllib3.exceptions.HTTPError, OSError) as e:
+                raise KubeTemporaryError(f"{method} {path}: {type(e).__name__}: {e}") from e
+            status = int(resp.status)
+            if 200 <= status < 300:
+                if not data:
+                    return {}
+                try:
+                    parsed = json.loads(data)
+                except ValueError as e:
+                    raise KubeTemporaryError(f"{method} {path}: answer is not JSON", status=status) from e
+                return parsed if isinstance(parsed, dict) else {"items": parsed}
+            message = f"{method} {path}: {status} {_status_message(data)}".rstrip()
+            if status == 404:
+                raise NotFound(f"{what} not found ({message})", kind=kind, name=name, namespace=namespace)
+            if status == 409:
+                raise _Conflict(message, status=409)
+            if status in (408, 429) or (status >= 500 and status != 501):
+                raise KubeTemporaryError(
+                    message, status=status, retry_after=self._retry_after(resp.headers, data)
+                )
+            raise KubePermanentError(message, status=status)
+
+        def retryable(exc: BaseException) -> bool:
+            return (
+                isinstance(exc, KubeTemporaryError)
+                and not isinstance(exc, _Conflict)
+                and (exc.status is None or exc.status not in no_retry)
+            )
+
+        def stop(state: RetryCallState) -> bool:
+            return (self._clock() - start) + state.upcoming_sleep > budget
+
+        retrying = Retrying(
+            retry=retry_if_exception(retryable),
+            stop=stop,
+            wait=self._wait,
+            sleep=self._sleep,
+            reraise=False,
+        )
+        try:
+            return retrying(attempt)
+        except RetryError as e:
+            last = e.last_attempt.exception()
+            assert isinstance(last, KubeTemporaryError)
+            raise KubeTemporaryError(
+                f"{last} (gave up after {e.last_attempt.attempt_number} attempts, "
+                f"{self._clock() - start:.1f}s of a {budget:g}s budget)",
+                status=last.status,
+                retry_after=last.retry_after,
+            ) from last
+
+    def _backoff(self, attempt: int, base: float | None = None, cap: float | None = None) -> float:
+        base = self._backoff_base_s if base is None else base
+        cap = self._backoff_max_s if cap is None else cap
+        ceiling: float = min(cap, base * (2 ** max(0, attempt - 1)))
+        return ceiling * (0.5 + 0.5 * self._rng())  # "equal jitter": never zero, never above the ceiling
+
+    def _wait(self, state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        if isinstance(exc, KubeTemporaryError) and exc.retry_after is not None:
+            return exc.retry_after + min(1.0, 0.1 * exc.retry_after) * self._rng()
+        return self._backoff(state.attempt_number)
+
+    def _retry_after(self, headers: Any, data: bytes) -> float | None:
+        value = headers.get("Retry-After") if headers is not None else None
+        if value:
+            try:
+                return max(0.0, float(value))
+            except ValueError:
+                pass
+            try:
+                when = parsedate_to_datetime(value)
+            except (TypeError, ValueError):
+                when = None
+            if when is not None:
+                if when.tzinfo is None:
+                    when = when.replace(tzinfo=UTC)
+                return max(0.0, (when - self._wall_clock()).total_seconds())
+        try:
+            details = json.loads(data).get("details") or {}
+            seconds = details.get("retryAfterSeconds")
+        except (ValueError, AttributeError, UnicodeDecodeError):
+            return None
+        return float(seconds) if isinstance(seconds, int | float) and seconds > 0 else None
+
+    def _list(self, path: str, query: Mapping[str, str | int] | None = None, **what: Any) -> list[dict[str, Any]]:
+        """All items of a list call, following ``continue`` tokens."""
+        items: list[dict[str, Any]] = []
+        params: dict[str, str | int] = dict(query or {})
+        params.setdefault("limit", self._page_size)
+        while True:
+            page = self._request("GET", path, query=params, **what)
+            items.extend(i for i in page.get("items") or [] if isinstance(i, dict))
+            token = _meta(page).get("continue")
+            if not token:
+                return items
+            params["continue"] = token
+
+    # --- nodes ---------------------------------------------------------------------------------------
+
+    def _raw_node(self, name: str) -> dict[str, Any]:
+        return self._request("GET", f"/api/v1/nodes/{name}", kind="Node", name=name)
+
+    @staticmethod
+    def _node_summary(raw: Mapping[str, Any]) -> dict[str, Any]:
+        meta = _meta(raw)
+        status = raw.get("status") or {}
+        labels = _labels(raw)
+        conditions = {
+            str(c["type"]): str(c.get("status", "Unknown"))
+            for c in status.get("conditions") or []
+            if isinstance(c, dict) and "type" in c
+        }
+        capacity = status.get("capacity") or {}
+        allocatable = status.get("allocatable") or {}
+        return {
+            "name": meta.get("name"),
+            "uid": meta.get("uid"),
+            "resource_version": meta.get("resourceVersion"),
+            "labels": labels,
+            "annotations": _annotations(raw),
+            "taints": [_taint_view(t) for t in _raw_taints(raw)],
+            "unschedulable": _unschedulable(raw),
+            "pool": labels.get(POOL_LABEL) or DEFAULT_POOL,
+            "opted_out": labels.get(OPT_OUT_LABEL, "").lower() == "true",
+            "conditions": conditions,
+            "ready": conditions.get("Ready") == "True",
+            "gpus": _quantity_to_int(capacity.get(GPU_RESOURCE)),
+            "gpus_allocatable": _quantity_to_int(allocatable.get(GPU_RESOURCE)),
+        }
+
+    @staticmethod
+    def _is_gpu_node(raw: Mapping[str, Any]) -> bool:
+        status = raw.get("status") or {}
+        labels = _labels(raw)
+        return (
+            _quantity_to_int((status.get("capacity") or {}).get(GPU_RESOURCE)) > 0
+            or _quantity_to_int((status.get("allocatable") or {}).get(GPU_RESOURCE)) > 0
+            or labels.get("nvidia.com/gpu.present", "").lower() == "true"
+            or _quantity_to_int(labels.get("nvidia.com/gpu.count")) > 0
+            or POOL_LABEL in labels
+        )
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        """A node summary: ``name, uid, resource_version, labels, annotations, taints [{key, value,
+        effect}], unschedulable, pool, opted_out, conditions {type: status}, ready, gpus,
+        gpus_allocatable``. Raises ``NotFound``."""
+        return self._node_summary(self._raw_node(name))
+
+    def list_gpu_nodes(self, pool: str | None = None) -> list[dict[str, Any]]:
+        """Summaries of the GPU nodes (``nvidia.com/gpu`` capacity, the GPU operator's labels, or our pool
+        label), optionally only those of one pool; nodes without a pool label are in ``"default"``."""
+        nodes = [self._node_summary(n) for n in self._list("/api/v1/nodes", kind="NodeList") if self._is_gpu_node(n)]
+        if pool is not None:
+            nodes = [n for n in nodes if n["pool"] == pool]
+        return sorted(nodes, key=lambda n: str(n["name"]))
+
+    def node_pool(self, name: str) -> str:
+        """The node's pool (label ``gpu-remediator.io/pool``, else ``"default"``)."""
+        return str(self.get_node(name)["pool"])
+
+    def count_out_of_service(self, pool: str) -> tuple[int, int]:
+        """``(out, total)`` GPU nodes of ``pool``; out = cordoned or carrying our taint key."""
+        nodes = self.list_gpu_nodes(pool)
+        out = sum(
+            1 for n in nodes if n["unschedulable"] or any(t["key"] == self.taint_key for t in n["taints"])
+        )
+        return out, len(nodes)
+
+    def _mutate_node(
+        self,
+        name: str,
+        decide: Callable[[dict[str, Any]], tuple[dict[str, Any] | None, str]],
+    ) -> tuple[dict[str, Any], dict[str, Any], bool, str]:
+        """Read, decide, patch with a ``resourceVersion`` precondition; on 409 re-read and re-decide.
+
+        ``decide`` returns a merge patch (or ``None``: nothing to do) and a detail line. Returns
+        ``(before, after, changed, detail)`` as raw node objects.
+        """
+        for attempt in range(1, self._conflict_attempts + 1):
+            raw = self._raw_node(name)
+            patch, detail = decide(raw)
+            if patch is None:
+                return raw, raw, False, detail
+            rv = _meta(raw).get("resourceVersion")
+            if rv:
+                patch.setdefault("metadata", {})["resourceVersion"] = rv
+            try:
+                after = self._request(
+                    "PATCH", f"/api/v1/nodes/{name}", body=patch, content_type=MERGE_PATCH, kind="Node", name=name
+                )
+            except _Conflict:
+                log.info("node %s changed under us (attempt %d); re-reading", name, attempt)
+                continue
+            return raw, after, True, detail
+        raise KubeTemporaryError(
+            f"node {name}: concurrent writers won {self._conflict_attempts} times in a row; try again later",
+            status=409,
+        )
+
+    @staticmethod
+    def _node_state(raw: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            "taints": [_taint_view(t) for t in _raw_taints(raw)],
+            "unschedulable": _unschedulable(raw),
+            "cordoned_by_us": CORDONED_BY_US_ANNOTATION in _annotations(raw),
+        }
+
+    def taint(self, node: str, key: str, value: str, effect: str = "NoSchedule") -> KubeChange:
+        """Add the taint ``key=value:effect``, keeping every other taint.
+
+        A taint with the same key and effect already there means nothing to do (``changed=False``), even
+        with another value: it is then someone else's, and it is left as it is (``detail`` says so).
+        """
+        if effect not in TAINT_EFFECTS:
+            raise KubePermanentError(f"unknown taint effect {effect!r}")
+
+        def decide(raw: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+            taints = _raw_taints(raw)
+            for t in taints:
+                if t.get("key") == key and t.get("effect") == effect:
+                    have = str(t.get("value") or "")
+                    if have == value:
+                        return None, f"{node} already has taint {key}={value}:{effect}"
+                    return None, f"{node} already has taint {key}:{effect} with value {have!r} (not ours); left"
+            new: dict[str, Any] = {"key": key, "value": value, "effect": effect}
+            if effect == "NoExecute":
+                new["timeAdded"] = _iso(self._wall_clock())
+            return {"spec": {"taints": [*taints, new]}}, f"tainted {node} with {key}={value}:{effect}"
+
+        before, after, changed, detail = self._mutate_node(node, decide)
+        return KubeChange(changed, self._node_state(before), self._node_state(after), detail)
+
+    def untaint(
+        self, node: str, key: str, effect: str | None = "NoSchedule", *, only_if_value: str | None = None
+    ) -> KubeChange:
+        """Remove the taint ``key:effect`` (any effect when ``effect`` is None).
+
+        With ``only_if_value`` only a taint carrying that value is removed, so returning a node to service
+        never removes a taint someone else set under the same key.
+        """
+
+        def matches(t: Mapping[str, Any]) -> bool:
+            return t.get("key") == key and (effect is None or t.get("effect") == effect)
+
+        def decide(raw: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+            taints = _raw_taints(raw)
+            hits = [t for t in taints if matches(t)]
+            if not hits:
+                return None, f"{node} has no taint {key}:{effect or '*'}"
+            ours = [t for t in hits if only_if_value is None or str(t.get("value") or "") == only_if_value]
+            if not ours:
+                values = sorted({str(t.get("value") or "") for t in hits})
+                return None, f"{node} taint {key} has value {values} not {only_if_value!r} (not ours); left"
+            keep = [t for t in taints if not any(t is o for o in ours)]
+            return {"spec": {"taints": keep}}, f"removed taint {key}:{effect or '*'} from {node}"
+
+        before, after, changed, detail = self._mutate_node(node, decide)
+        return KubeChange(changed, self._node_state(before), self._node_state(after), detail)
+
+    def cordon(self, node: str) -> KubeChange:
+        """Mark the node unschedulable. ``before["unschedulable"]`` records whether it already was; when we
+        cordon, a ``gpu-remediator.io/cordoned-at`` annotation marks the cordon as ours."""
+
+        def decide(raw: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+            if _unschedulable(raw):
+                return None, f"{node} was already cordoned"
+            patch = {
+                "spec": {"unschedulable": True},
+                "metadata": {"annotations": {CORDONED_BY_US_ANNOTATION: _iso(self._wall_clock())}},
+            }
+            return patch, f"cordoned {node}"
+
+        before, after, changed, detail = self._mutate_node(node, decide)
+        return KubeChange(changed, self._node_state(before), self._node_state(after), detail)
+
+    def uncordon(self, node: str, *, only_if_ours: bool = False) -> KubeChange:
+        """Make the node schedulable again. With ``only_if_ours`` a cordon we did not set is left alone."""
+
+        def decide(raw: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+            ours = CORDONED_BY_US_ANNOTATION in _annotations(raw)
+            if not _unschedulable(raw):
+                return None, f"{node} was not cordoned"
+            if only_if_ours and not ours:
+                return None, f"{node} was cordoned by someone else; left cordoned"
+            patch: dict[str, Any] = {"spec": {"unschedulable": False}}
+            if ours:
+                patch["metadata"] = {"annotations": {CORDONED_BY_US_ANNOTATION: None}}
+            return patch, f"uncordoned {node}"
+
+        before, after, changed, detail = self._mutate_node(node, decide)
+        return KubeChange(changed, self._node_state(before), self._node_state(after), detail)
+
+    def annotate(self, node: str, annotations: Mapping[str, str | None]) -> KubeChange:
+        """Set (or, for ``None``, remove) node annotations; ``before``/``after`` show only those keys."""
+
+        def decide(raw: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+            have = _annotations(raw)
+            diff = {k: v for k, v in annotations.items() if have.get(k) != v}
+            if not diff:
+                return None, f"{node} annotations already as asked"
+            return {"metadata": {"annotations": diff}}, f"annotated {node}: {', '.join(sorted(diff))}"
+
+        before, after, changed, detail = self._mutate_node(node, decide)
+        keys = list(annotations)
+        return KubeChange(
+            changed,
+            {"annotations": {k: _annotations(before).get(k) for k in keys}},
+            {"annotations": {k: _annotations(after).get(k) for k in keys}},
+            detail,
+        )
+
+    # --- pods ----------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _pod_summary(raw: Mapping[str, Any]) -> dict[str, Any]:
+        meta = _meta(raw)
+        spec = raw.get("spec") or {}
+        annotations = _annotations(raw)
+        owner = _controller_owner(meta)
+        owner_view = (
+            {
+                "kind": str(owner.get("kind", "")),
+                "name": str(owner.get("name", "")),
+                "api_version": str(owner.get("apiVersion", "")),
+                "uid": owner.get("uid"),
+            }
+            if owner
+            else None
+        )
+        return {
+            "name": str(meta.get("name", "")),
+            "namespace": str(meta.get("namespace", "")),
+            "uid": meta.get("uid"),
+            "node": spec.get("nodeName"),
+            "phase": (raw.get("status") or {}).get("phase"),
+            "labels": _labels(raw),
+            "annotations": annotations,
+            "owner": owner_view,
+            "gpu_indices": parse_gpu_indices(annotations.get(GPU_INDICES_ANNOTATION)),
+            "terminating": bool(meta.get("deletionTimestamp")),
+            "daemonset": bool(owner_view and owner_view["kind"] == "DaemonSet"),
+            "mirror": MIRROR_POD_ANNOTATION in annotations,
+            "emptydir": any("emptyDir" in (v or {}) for v in spec.get("volumes") or []),
+            "created": meta.get("creationTimestamp"),
+        }
+
+    def pods_on_node(self, node: str) -> list[dict[str, Any]]:
+        """Every pod bound to ``node``: ``name, namespace, uid, node, phase, labels, annotations, owner
+        {kind, name, api_version, uid} | None, gpu_indices, terminating, daemonset, mirror, emptydir,
+        created``."""
+        raw = self._list("/api/v1/pods", {"fieldSelector": f"spec.nodeName={node}"}, kind="PodList")
+        # Field selectors are the server's job; checking again costs nothing and guards a lax server.
+        pods = [self._pod_summary(p) for p in raw if (p.get("spec") or {}).get("nodeName") == node]
+        return sorted(pods, key=lambda p: (p["namespace"], p["name"]))
+
+    def job_of_pod(self, pod: Mapping[str, Any]) -> JobRef | None:
+        """The controller whose gang a pod belongs to, or ``None`` for DaemonSet and mirror pods.
+
+        Takes a summary from ``pods_on_node`` (or a raw pod object). Owner references win; the labels
+        ``training.kubeflow.org/job-name`` (PyTorchJob) and ``job-name`` (batch Job) fill in when there
+        is none. A ReplicaSet owned by a Deployment resolves to the Deployment (one read). A pod with no
+        owner at all is ``JobRef(kind="Pod")``.
+        """
+        summary = self._pod_summary(pod) if "metadata" in pod else dict(pod)
+        if summary.get("mirror") or summary.get("daemonset"):
+            return None
+        ns, labels, owner = summary["namespace"], summary.get("labels") or {}, summary.get("owner")
+        if owner:
+            kind, name, api_version, uid = owner["kind"], owner["name"], owner["api_version"], owner.get("uid")
+            if kind == "Node":  # a static pod reported through its mirror
+                return None
+            if kind == "ReplicaSet":
+                try:
+                    rs = self._request(
+                        "GET", f"/apis/apps/v1/namespaces/{ns}/replicasets/{name}",
+                        kind="ReplicaSet", name=name, namespace=ns,
+                    )
+                except NotFound:
+                    return JobRef("ReplicaSet", name, ns, api_version or "apps/v1", uid)
+                rs_owner = _controller_owner(_meta(rs))
+                if rs_owner and rs_owner.get("kind") == "Deployment":
+                    return JobRef("Deployment", str(rs_owner["name"]), ns, "apps/v1", rs_owner.get("uid"))
+                return JobRef("ReplicaSet", name, ns, api_version or "apps/v1", uid)
+            return JobRef(kind, name, ns, api_version, uid)
+        if labels.get(KUBEFLOW_JOB_LABEL):
+            return JobRef("PyTorchJob", labels[KUBEFLOW_JOB_LABEL], ns, "kubeflow.org/v1")
+        for label in BATCH_JOB_LABELS:
+            if labels.get(label):
+                return JobRef("Job", labels[label], ns, "batch/v1")
+        return JobRef("Pod", summary["name"], ns, "v1", summary.get("uid"))
+
+    # --- eviction and drain --------------------------------------------------------------------------
+
+    def _evict(self, pod: Mapping[str, Any], grace_period_s: int | None) -> None:
+        """POST the pod's ``eviction`` subresource (policy/v1 Eviction, as ``create_namespaced_pod_eviction``).
+
+        The pod's UID is a precondition, so a replacement that took the same name is never evicted.
+        """
+        delete_options: dict[str, Any] = {}
+        if pod.get("uid"):
+            delete_options["preconditions"] = {"uid": pod["uid"]}
+        if grace_period_s is not None:
+            delete_options["gracePeriodSeconds"] = grace_period_s
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": pod["name"], "namespace": pod["namespace"]},
+            "deleteOptions": delete_options,
+        }
+        self._request(
+            "POST",
+            f"/api/v1/namespaces/{pod['namespace']}/pods/{pod['name']}/eviction",
+            body=body,
+            kind="Pod",
+            name=pod["name"],
+            namespace=pod["namespace"],
+            no_retry=frozenset({429}),
+        )
+
+    def drain(
+        self,
+        node: str,
+        *,
+        timeout_s: float | None = None,
+        grace_period_s: int | None = None,
+        pod_filter: Callable[[dict[str, Any]], bool] | None = None,
+        progress: Callable[[str], None] | None = None,
+    ) -> KubeChange:
+        """Evict the pods of ``node`` through the Eviction API and wait until they are gone.
+
+        Skipped (listed in ``after["skipped"]`` with a reason): DaemonSet pods, mirror pods, pods already
+        terminating, finished pods (Succeeded/Failed), and pods ``pod_filter`` rejects. A
+        PodDisruptionBudget refusal (429) is retried with jittered exponential backoff, honouring
+        ``Retry-After``, until ``timeout_s`` (default: the adapter's drain timeout), which bounds the whole
+        drain including the wait for evicted pods to terminate; then ``DrainTimeout`` names the pods left.
+        ``grace_period_s`` overrides the pods' termination grace period (default: the adapter's
+        ``drain_grace_period_s``; an adapter built with ``drain_grace_period_s=None`` leaves each pod its own).
+
+        Pods without a controller and pods with ``emptyDir`` volumes are evicted too (``kubectl drain`` would
+        need ``--force --delete-emptydir-data``): on a failing GPU node their scratch data is already at
+        risk; the audit entry shows ``owner: None`` / ``emptydir: True`` for them.
+
+        The drain does not cordon: cordon or taint the node first, or replacements may land on it again.
+        Idempotent: once the node is empty of evictable pods, a drain evicts nothing (``changed=False``).
+        ``after["evicted"]`` lists each evicted pod with its owner.
+        """
+        say = progress or (lambda _msg: None)
+        timeout = self._drain_timeout_s if timeout_s is None else float(timeout_s)
+        grace = self._drain_grace_period_s if grace_period_s is None else grace_period_s
+        deadline = self._clock() + timeout
+
+        pods = self.pods_on_node(node)
+        targets: dict[str, dict[str, Any]] = {}
+        skipped: list[dict[str, Any]] = []
+        for pod in pods:
+            reason = None
+            if pod["daemonset"]:
+                reason = "DaemonSet pod"
+            elif pod["mirror"]:
+                reason = "mirror pod"
+            elif pod["terminating"]:
+                reason = "already terminating"
+            elif pod["phase"] in ("Succeeded", "Failed"):
+                reason = f"finished ({pod['phase']})"
+            elif pod_filter is not None and not pod_filter(pod):
+                reason = "not selected"
+            if reason:
+                skipped.append({**_brief(pod), "reason": reason})
+            else:
+                targets[str(pod["uid"] or f"{pod['namespace']}/{pod['name']}")] = pod
+        before = {"node": node, "pods": [_brief(p) for p in pods]}
+        if not targets:
+            say(f"{node}: nothing to evict")
+            return KubeChange(
+                False, before, {"node": node, "evicted": [], "skipped": skipped, "gone": []},
+                f"nothing to evict on {node}",
+            )
+
+        evicted: dict[str, dict[str, Any]] = {}
+        gone: list[dict[str, Any]] = []
+        pending = dict(targets)
+        attempt = 0
+        while pending:
+            blocked: dict[str, KubeTemporaryError] = {}
+            for key, pod in list(pending.items()):
+                try:
+                    self._evict(pod, grace)
+                except (NotFound, _Conflict):
+                    # Gone already, or replaced by a new pod under the same name: nothing left to evict.
+                    gone.append(_brief(pod))
+                    del pending[key]
+                except KubeTemporaryError as e:
+                    if e.status != 429:
+                        raise
+                    blocked[key] = e
+                else:
+                    say(f"evicted {pod['namespace']}/{pod['name']}")
+                    evicted[key] = pod
+                    del pending[key]
+            if not pending:
+                break
+            attempt += 1
+            hinted = [e.retry_after for e in blocked.values() if e.retry_after is not None]
+            if hinted:
+                delay = max(hinted) + min(1.0, 0.1 * max(hinted)) * self._rng()
+            else:
+                delay = self._backoff(attempt, base=max(self._backoff_base_s, 0.5))
+            left = deadline - self._clock()
+            if left <= 0:
+                raise DrainTimeout(
+                    node,
+                    timeout,
+                    [{**_brief(p), "reason": "blocked by PodDisruptionBudget"} for p in pending.values()],
+                    [_brief(p) for p in evicted.values()],
+                )
+            names = ", ".join(f"{p['namespace']}/{p['name']}" for p in pending.values())
+            say(f"{len(pending)} pods blocked by a PodDisruptionBudget ({names}); retrying in {min(delay, left):.1f}s")
+            self._sleep(min(delay, left))
+
+        waiting = dict(evicted)
+        while waiting:
+            present = {str(p["uid"]) for p in self.pods_on_node(node) if p["uid"]}
+            waiting = {k: p for k, p in waiting.items() if str(p["uid"]) in present}
+            if not waiting:
+                break
+            left = deadline - self._clock()
+            if left <= 0:
+                raise DrainTimeout(
+                    node,
+                    timeout,
+                    [{**_brief(p), "reason": "still terminating"} for p in waiting.values()],
+                    [_brief(p) for p in evicted.values()],
+                )
+            say(f"waiting for {len(waiting)} evicted pods to terminate")
+            self._sleep(min(self._poll_interval_s, left))
+
+        after = {
+            "node": node,
+            "evicted": [_brief(p) for p in evicted.values()],
+            "skipped": skipped,
+            "gone": gone,
+        }
+        return KubeChange(bool(evicted), before, after, f"evicted {len(evicted)} pods from {node}")
+
+    def evict_pods_on_gpu(
+        self,
+        node: str,
+        gpu_index: int,
+        *,
+        timeout_s: float | None = None,
+        grace_period_s: int | None = None,
+        progress: Callable[[str], None] | None = None,
+    ) -> KubeChange:
+        """Evict only the pods whose ``gpu-remediator.io/gpu-indices`` annotation names ``gpu_index``;
+        pods on the node's other GPUs keep running. Same rules, timeout and result as ``drain``."""
+        return self.drain(
+            node,
+            timeout_s=timeout_s,
+            grace_period_s=grace_period_s,
+            pod_filter=lambda pod: gpu_index in pod["gpu_indices"],
+            progress=progress,
+        )
+
+    # --- jobs ----------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _object_path(job: JobRef) -> str:
+        group_version, plural = _CONTROLLERS[job.kind]
+        return f"/apis/{group_version}/namespaces/{job.namespace}/{plural}/{job.name}"
+
+    def _job_pods(self, job: JobRef, obj: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The pods of a controller object, selected the way its controller selects them."""
+        uid = _meta(obj).get("uid")
+        selector = self._selector(job, obj)
+        raw = self._list(
+            f"/api/v1/namespaces/{job.namespace}/pods", {"labelSelector": selector}, kind="PodList"
+        )
+        pods = [self._pod_summary(p) for p in raw]
+        if job.kind != "Deployment" and uid:
+            # A pod controlled by another object (an earlier job of the same name) is not in this gang.
+            pods = [p for p in pods if not p["owner"] or not p["owner"].get("uid") or p["owner"]["uid"] == uid]
+        return sorted(pods, key=lambda p: (p["labels"].get(KUBEFLOW_REPLICA_INDEX_LABEL, ""), p["name"]))
+
+    def _delete_pod(self, pod: Mapping[str, Any], grace_period_s: int | None) -> bool:
+        """Delete one pod, only if it is still the same pod (UID precondition). True when we deleted it."""
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if pod.get("uid"):
+            body["preconditions"] = {"uid": pod["uid"]}
+        if grace_period_s is not None:
+            body["gracePeriodSeconds"] = grace_period_s
+        try:
+            self._request(
+                "DELETE",
+                f"/api/v1/namespaces/{pod['namespace']}/pods/{pod['name']}",
+                body=body,
+                kind="Pod",
+                name=str(pod["name"]),
+                namespace=str(pod["namespace"]),
+            )
+        except (NotFound, _Conflict):
+            return False
+        return True
+
+    def _selector(self, job: JobRef, obj: Mapping[str, Any]) -> str:
+        """The label selector that finds the pods of a controller object, as its controller would."""
+        spec = obj.get("spec") or {}
+        if job.kind == "PyTorchJob":
+            return f"{KUBEFLOW_JOB_LABEL}={job.name}"
+        if job.kind == "Job":
+            return _label_selector(spec.get("selector")) or f"job-name={job.name}"
+        selector = _label_selector(spec.get("selector"))
+        if not selector:
+            raise KubePermanentError(f"{job.key} has no pod selector")
+        return selector
+
+    def _delete_gang(
+        self, job: JobRef, obj: Mapping[str, Any], pods: list[dict[str, Any]], grace_period_s: int | None
+    ) -> list[dict[str, Any]]:
+        """Delete every pod of the gang in one ``deletecollection`` by the controller's selector, so the
+        controller sees the whole gang go at once (one restart, not one per rank). Returns what went."""
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if grace_period_s is not None:
+            body["gracePeriodSeconds"] = grace_period_s
+        result = self._request(
+            "DELETE",
+            f"/api/v1/namespaces/{job.namespace}/pods",
+            query={"labelSelector": self._selector(job, obj)},
+            body=body,
+            kind="PodList",
+            namespace=job.namespace,
+        )
+        gone = {str(_meta(p).get("uid")) for p in result.get("items") or [] if isinstance(p, dict)}
+        deleted = [_brief(p) for p in pods if str(p["uid"]) in gone]
+        # A pod the collection delete did not reach (a label edited since we listed it) goes one by one.
+        deleted += [_brief(p) for p in pods if str(p["uid"]) not in gone and self._delete_pod(p, grace_period_s)]
+        return deleted
+
+    def restart_job(
+        self, job: JobRef, *, restart_id: str, grace_period_s: int | None = None
+    ) -> KubeChange:
+        """Restart the whole gang of ``job``: delete every pod of it at once (one ``deletecollection`` by the
+        controller's selector) so its controller recreates them all, not one rank.
+
+        Supported: ``PyTorchJob`` (pods labelled ``training.kubeflow.org/job-name``), batch ``Job`` (its
+        selector: ``controller-uid``, else ``job-name``), ``StatefulSet``, ``Deployment``, ``ReplicaSet``.
+        A bare pod (``kind="Pod"``) has no controller to recreate it: ``KubePermanentError``.
+
+        Idempotent per ``restart_id``: before deleting anything the job object is annotated with
+        ``gpu-remediator.io/restart-id``, ``…/restarted-at`` and the UIDs about to be deleted. A call with
+        the same id deletes only pods of that list still standing (finishing an interrupted restart) and
+        otherwise does nothing (``changed=False``); pods created since are never touched.
+        """
+        if job.kind not in _CONTROLLERS:
+            raise KubePermanentError(
+                f"cannot restart {job.key}: a {job.kind} has no controller here that would recreate its pods"
+            )
+        grace = self._drain_grace_period_s if grace_period_s is None else grace_period_s
+        path = self._object_path(job)
+        for attempt in range(1, self._conflict_attempts + 1):
+            obj = self._request("GET", path, kind=job.kind, name=job.name, namespace=job.namespace)
+            annotations = _annotations(obj)
+            pods = [p for p in self._job_pods(job, obj) if not p["terminating"]]
+            pods_view = [_brief(p) for p in pods]
+            if annotations.get(RESTART_ID_ANNOTATION) == restart_id:
+                planned = set(filter(None, annotations.get(RESTART_POD_UIDS_ANNOTATION, "").split(",")))
+                leftovers = [p for p in pods if p["uid"] in planned]
+                when = annotations.get(RESTARTED_AT_ANNOTATION, "?")
+                if not leftovers:
+                    return KubeChange(
+                        False,
+                        {"job": job.key, "pods": pods_view},
+                        {"job": job.key, "pods": pods_view, "restart_id": restart_id, "restarted_at": when},
+                        f"{job.key} already restarted for {restart_id} at {when}",
+                    )
+                deleted = [_brief(p) for p in leftovers if self._delete_pod(p, grace)]
+                return KubeChange(
+                    bool(deleted),
+                    {"job": job.key, "pods": pods_view},
+                    {"job": job.key, "deleted": deleted, "restart_id": restart_id, "restarted_at": when},
+                    f"finished the interrupted restart {restart_id} of {job.key}: deleted {len(deleted)} pods",
+                )
+            now = _iso(self._wall_clock())
+            patch: dict[str, Any] = {
+                "metadata": {
+                    "annotations": {
+                        RESTART_ID_ANNOTATION: restart_id,
+                        RESTARTED_AT_ANNOTATION: now,
+                        RESTART_POD_UIDS_ANNOTATION: ",".join(str(p["uid"]) for p in pods if p["uid"]),
+                    }
+                }
+            }
+            rv = _meta(obj).get("resourceVersion")
+            if rv:
+                patch["metadata"]["resourceVersion"] = rv
+            try:
+                self._request(
+                    "PATCH", path, body=patch, content_type=MERGE_PATCH,
+                    kind=job.kind, name=job.name, namespace=job.namespace,
+                )
+            except _Conflict:
+                log.info("%s changed under us (attempt %d); re-reading", job.key, attempt)
+                continue
+            deleted = self._delete_gang(job, obj, pods, grace)
+            return KubeChange(
+                True,
+                {"job": job.key, "pods": pods_view},
+                {"job": job.key, "deleted": deleted, "restart_id": restart_id, "restarted_at": now},
+                f"restarted {job.key}: deleted {len(deleted)} of {len(pods)} pods for its controller to recreate",
+            )
+        raise KubeTemporaryError(
+            f"{job.key}: concurrent writers won {self._conflict_attempts} times in a row; try again later",
+            status=409,
+        )
+
+    def job_pods(self, job: JobRef) -> list[dict[str, Any]]:
+        """The current pods of ``job`` (summaries as ``pods_on_node`` returns), terminating ones included."""
+        if job.kind == "Pod":
+            raw = self._request(
+                "GET", f"/api/v1/namespaces/{job.namespace}/pods/{job.name}",
+                kind="Pod", name=job.name, namespace=job.namespace,
+            )
+            return [self._pod_summary(raw)]
+        if job.kind not in _CONTROLLERS:
+            raise KubePermanentError(f"cannot list the pods of {job.key}: unsupported kind")
+        obj = self._request("GET", self._object_path(job), kind=job.kind, name=job.name, namespace=job.namespace)
+        return self._job_pods(job, obj)
+
+    # --- events and escalation -----------------------------------------------------------------------
+
+    def create_event(
+        self, node: str, reason: str, message: str, type: str = "Warning", *, key: str | None = None
+    ) -> KubeChange:
+        """Record a core/v1 Event about the Node (namespace ``default``, involvedObject kind Node).
+
+        With ``key`` the event name is derived from it, so repeating the call with the same key creates
+        nothing (``changed=False``); without, each call records a new event.
+        """
+        if type not in ("Normal", "Warning"):
+            raise KubePermanentError(f"event type must be Normal or Warning, not {type!r}")
+        raw_node = self._raw_node(node)
+        now = _iso(self._wall_clock())
+        metadata: dict[str, Any] = {"namespace": EVENT_NAMESPACE}
+        if key is not None:
+            metadata["name"] = f"{node}.{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+        else:
+            metadata["generateName"] = f"{node}."
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": metadata,
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": node,
+                "uid": _meta(raw_node).get("uid") or node,
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": type,
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self._instance,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        view = {"reason": reason, "message": message[:1024], "type": type, "node": node}
+        try:
+            created = self._request(
+                "POST", f"/api/v1/namespaces/{EVENT_NAMESPACE}/events", body=event, kind="Event", name=node
+            )
+        except _Conflict:
+            return KubeChange(False, {}, {"event": {**view, "name": metadata["name"]}}, "event already recorded")
+        return KubeChange(
+            True, {}, {"event": {**view, "name": _meta(created).get("name")}}, f"event {reason} on {node}"
+        )
+
+    def escalate(self, node: str, reason: str, incident: str) -> KubeChange:
+        """Mark ``node`` for a person: annotation ``gpu-remediator.io/escalated`` (JSON: incident, reason,
+        at) and a Warning Event. Idempotent per incident."""
+        current = self.get_node(node)["annotations"].get(ESCALATED_ANNOTATION)
+        try:
+            marked = json.loads(current) if current else None
+        except ValueError:
+            marked = None
+        if isinstance(marked, dict) and marked.get("incident") == incident:
+            annotation = KubeChange(False, {"annotations": {ESCALATED_ANNOTATION: current}},
+                                    {"annotations": {ESCALATED_ANNOTATION: current}}, "already escalated")
+        else:
+            value = json.dumps(
+                {"incident": incident, "reason": reason, "at": _iso(self._wall_clock())}, sort_keys=True
+            )
+            annotation = self.annotate(node, {ESCALATED_ANNOTATION: value})
+        event = self.create_event(node, "GpuRemediationEscalated", f"incident {incident}: {reason}",
+                                  key=f"escalate|{incident}")
+        changed = annotation.changed or event.changed
+        return KubeChange(
+            changed,
+            annotation.before,
+            {**annotation.after, **event.after},
+            f"escalated {node} for incident {incident}" if changed else f"{node} already escalated for {incident}",
+        )

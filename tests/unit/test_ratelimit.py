@@ -1,0 +1,147 @@
+"""The Kubernetes client's token bucket, driven by a fake clock (nothing here sleeps for real)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from remediator.adapters.ratelimit import TokenBucket
+
+
+class FakeClock:
+    """A monotonic clock that only moves when told to; ``sleep`` advances it."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def test_starts_full_and_allows_a_burst_without_waiting(clock: FakeClock) -> None:
+    bucket = TokenBucket(rate=20, burst=40, clock=clock, sleep=clock.sleep)
+    delays = [bucket.acquire() for _ in range(40)]
+    assert delays == [0.0] * 40
+    assert clock.slept == []
+
+
+def test_beyond_the_burst_each_call_waits_one_interval_more(clock: FakeClock) -> None:
+    bucket = TokenBucket(rate=10, burst=2, clock=clock, sleep=clock.sleep)
+    assert bucket.reserve() == 0.0
+    assert bucket.reserve() == 0.0
+    # With the clock standing still, reservations queue up at 1/rate each.
+    assert bucket.reserve() == pytest.approx(0.1)
+    assert bucket.reserve() == pytest.approx(0.2)
+    assert bucket.reserve() == pytest.approx(0.3)
+
+
+def test_acquire_sleeps_the_reserved_delay_and_the_rate_holds_over_time(clock: FakeClock) -> None:
+    bucket = TokenBucket(rate=5, burst=1, clock=clock, sleep=clock.sleep)
+    start = clock.now
+    for _ in range(11):
+        bucket.acquire()
+    # One free token, then ten more at 5 per second: two seconds of fake time, no more.
+    assert clock.now - start == pytest.approx(2.0)
+    assert all(s == pytest.approx(0.2) for s in clock.slept)
+    assert len(clock.slept) == 10
+
+
+def test_refill_is_capped_at_burst(clock: FakeClock) -> None:
+    bucket = TokenBucket(rate=100, burst=3, clock=clock, sleep=clock.sleep)
+    for _ in range(3):
+        bucket.acquire()
+    assert bucket.available() == pytest.approx(0.0)
+    clock.advance(3600)
+    assert bucket.available() == pytest.approx(3.0)
+    assert [bucket.try_acquire() for _ in range(4)] == [True, True, True, False]
+
+
+def test_partial_refill(clock: FakeClock) -> None:
+    bucket = TokenBucket(rate=4, burst=4, clock=clock, sleep=clock.sleep)
+    for _ in range(4):
+        assert bucket.try_acquire()
+    assert not bucket.try_acquire()
+    clock.advance(0.5)  # two tokens back
+    assert bucket.available() == pytest.approx(2.0)
+    assert bucket.try_acquire(2)
+    assert not bucket.try_acquire()
+
+
+def test_try_acquire_does_not_go_into_debt(clock: FakeClock) -> None:
+    bucket = TokenBucket(rate=1, burst=1, clock=clock, sleep=clock.sleep)
+    assert bucket.try_acquire()
+    assert not bucket.try_acquire()
+    assert not bucket.try_acquire()
+    assert bucket.available() == pytest.approx(0.0)
+    clock.advance(1.0)
+    assert bucket.try_acquire()
+
+
+def test_a_clock_stepping_backwards_neither_adds_nor_removes_tokens(clock: FakeClock) -> None:
+    bucket = TokenBucket(rate=1, burst=5, clock=clock, sleep=clock.sleep)
+    for _ in range(5):
+        bucket.acquire()
+    clock.advance(-100)
+    assert bucket.available() == pytest.approx(0.0)
+    clock.advance(100)  # back where it was: still nothing earned
+    assert bucket.available() == pytest.approx(0.0)
+    clock.advance(2)
+    assert bucket.available() == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize(
+    ("rate", "burst"),
+    [pytest.param(0, 1, id="zero-rate"), pytest.param(-1, 1, id="negative-rate"), pytest.param(1, 0, id="no-burst")],
+)
+def test_rejects_nonsense_configuration(rate: float, burst: int) -> None:
+    with pytest.raises(ValueError):
+        TokenBucket(rate=rate, burst=burst)
+
+
+def test_rejects_requests_it_can_never_satisfy(clock: FakeClock) -> None:
+    bucket = TokenBucket(rate=1, burst=2, clock=clock, sleep=clock.sleep)
+    with pytest.raises(ValueError):
+        bucket.reserve(3)
+    with pytest.raises(ValueError):
+        bucket.reserve(0)
+    with pytest.raises(ValueError):
+        bucket.try_acquire(0)
+
+
+def test_concurrent_reservations_hand_out_each_slot_once(clock: FakeClock) -> None:
+    """Many threads reserving at one instant get the burst free and then distinct, evenly spaced delays."""
+    bucket = TokenBucket(rate=10, burst=5, clock=clock, sleep=clock.sleep)
+    delays: list[float] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(8)
+
+    def worker() -> None:
+        barrier.wait()
+        for _ in range(5):
+            d = bucket.reserve()
+            with lock:
+                delays.append(d)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert len(delays) == 40
+    ordered = sorted(round(d, 6) for d in delays)
+    assert ordered[:5] == [0.0] * 5
+    assert ordered[5:] == [round(0.1 * k, 6) for k in range(1, 36)]
