@@ -1,1 +1,44 @@
-"""sim."""
+"""The simulated cluster: an in-memory Kubernetes (``ClusterState``) behind an HTTP API server.
+
+Where it sits: chaos; drills, demos, ``remediator sim`` and benchmarks build a cluster with
+``seed_cluster``, serve it with ``KubeApiServer`` and point the service (or kubectl) at the kubeconfig it
+writes. Nothing on the service's path imports this package.
+"""
+
+from chaos.sim.cluster import (
+    GPU_INDICES_ANNOTATION,
+    GPU_PRESENT_LABEL,
+    GPU_RESOURCE,
+    JOB_NAME_LABEL,
+    KUBEFLOW_JOB_NAME_LABEL,
+    KUBEFLOW_REPLICA_INDEX_LABEL,
+    KUBEFLOW_REPLICA_TYPE_LABEL,
+    RESOURCES,
+    RESTARTS_ANNOTATION,
+    TRAINING_NAMESPACE,
+    ApiError,
+    ClusterState,
+    InjectedFault,
+    ResourceType,
+    seed_cluster,
+)
+from chaos.sim.kube_api import KubeApiServer
+
+__all__ = [
+    "GPU_INDICES_ANNOTATION",
+    "GPU_PRESENT_LABEL",
+    "GPU_RESOURCE",
+    "JOB_NAME_LABEL",
+    "KUBEFLOW_JOB_NAME_LABEL",
+    "KUBEFLOW_REPLICA_INDEX_LABEL",
+    "KUBEFLOW_REPLICA_TYPE_LABEL",
+    "RESOURCES",
+    "RESTARTS_ANNOTATION",
+    "TRAINING_NAMESPACE",
+    "ApiError",
+    "ClusterState",
+    "InjectedFault",
+    "KubeApiServer",
+    "ResourceType",
+    "seed_cluster",
+]

@@ -40,6 +40,7 @@ def alertmanager(tmp_path: Path) -> Iterator[tuple[str, int]]:
     webhook_port = free_port()
     port = free_port()
     config = tmp_path / "alertmanager.yml"
+    log = (tmp_path / "alertmanager.log").open("wb")
     config.write_text(f"""
 route:
   receiver: remediator
@@ -58,7 +59,7 @@ receivers:
     proc = subprocess.Popen(
         [_alertmanager_binary(), f"--config.file={config}", f"--storage.path={tmp_path / 'data'}",
          f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        stdout=subprocess.DEVNULL, stderr=log)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         try:
@@ -67,14 +68,17 @@ receivers:
         except httpx.HTTPError:
             pass
         if proc.poll() is not None:
-            pytest.fail(f"alertmanager exited: {proc.stderr.read().decode() if proc.stderr else ''}")
+            pytest.fail(f"alertmanager exited: {(tmp_path / 'alertmanager.log').read_text()}")
         time.sleep(0.1)
     else:
         proc.kill()
+        proc.wait()
+        log.close()
         pytest.fail("alertmanager did not become ready")
     yield f"http://127.0.0.1:{port}", webhook_port
     proc.terminate()
     proc.wait(10)
+    log.close()
 
 
 @pytest.mark.timeout(120)
