@@ -51,6 +51,48 @@ class Settings(BaseSettings):
         default=86_400, gt=0, description="Window in which repeated application Xids across jobs mean hardware."
     )
     xid_app_threshold: int = Field(default=3, ge=2, description="Distinct jobs with an application Xid on one GPU.")
+    # --- executor and safety rails (remediator.executor, remediator.safety) ---
+    executor_concurrency: int = Field(
+        default=32, ge=1, description="Playbooks one executor runs at once (different nodes)."
+    )
+    lock_wait_s: float = Field(
+        default=30.0, ge=0, description="How long a decision waits for a node lock held elsewhere, then retries later."
+    )
+    cooldown_s: float = Field(
+        default=600.0, ge=0, description="A new remediation of a node/GPU within this time escalates instead."
+    )
+    attempt_window_s: float = Field(default=86_400.0, gt=0, description="Window of the per-node/per-GPU limits.")
+    max_node_attempts: int = Field(default=3, ge=1, description="Remediations of one node per window, then escalate.")
+    max_gpu_attempts: int = Field(default=2, ge=1, description="Remediations of one GPU per window, then escalate.")
+    budget_max_node_fraction: float = Field(
+        default=0.1, gt=0, le=1, description="Largest fraction of a pool's GPU nodes out of service at once."
+    )
+    budget_max_nodes: int = Field(default=50, ge=1, description="Largest number of a pool's GPU nodes out of service.")
+    budget_max_gpu_fraction: float = Field(
+        default=0.1, gt=0, le=1, description="Largest fraction of a pool's GPUs out of service at once."
+    )
+    budget_max_gpus: int = Field(default=400, ge=1, description="Largest number of a pool's GPUs out of service.")
+    breaker_threshold: int = Field(default=10, ge=1, description="Quarantines within the breaker window that trip it.")
+    breaker_window_s: float = Field(default=300.0, gt=0, description="Window in which quarantines are counted.")
+    guards_enabled: str = Field(
+        default="opt_out,dry_run,cooldown,lock,budget,breaker,approval",
+        description="Comma-separated safety guards in force (benchmarks turn some off; the lock is always on).",
+    )
+    approval_wait_s: float = Field(
+        default=30.0, ge=0, description="How long a step waits for approval before the decision is retried later."
+    )
+    verify_hold_down_s: float | None = Field(
+        default=None, ge=0, description="Overrides every playbook's health hold-down time (drills, demo)."
+    )
+    verify_interval_s: float | None = Field(
+        default=None, gt=0, description="Overrides every playbook's health probe interval (drills, demo)."
+    )
+    reboot_hook_url: str | None = Field(
+        default=None, description="URL POSTed to reboot a node (power controller); unset: the node agent reboots."
+    )
+    escalation_webhook_url: str | None = Field(
+        default=None, description="URL POSTed on every escalation of a playbook with `webhook: true`."
+    )
 
     @field_validator("http")
     @classmethod

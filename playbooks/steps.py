@@ -1,0 +1,561 @@
+"""The step library: every action a playbook may name, each idempotent and reporting before/after state.
+
+Where it sits: the executor (``remediator.executor``) runs a playbook's steps by looking their names up in
+``REGISTRY`` and calling them with a ``StepContext``. Steps act through the Kubernetes adapter (node taints,
+cordons, evictions, jobs, events) and the node agent client (GPU isolation, reset, health, reboot); they
+never see NATS messages or the wall clock (``ctx.clock``/``ctx.sleep`` are injected).
+
+A step is ``async def step(ctx, params) -> StepResult``, registered with ``@step(name, ...)``, which checks
+the signature when applied and returns the function unchanged, so it stays directly testable. Every step
+checks before it acts (running it twice changes nothing the second time), raises ``StepFailed`` when it
+cannot do its job, and lets adapter errors (temporary Kubernetes or agent trouble) propagate for the
+executor to map onto a retry. ``undo`` names the step that reverses it, for rollback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, Protocol
+
+import httpx
+
+from playbooks.schema import Escalation, Playbook, Verification
+from remediator.agent_client import command_id
+from remediator.contracts import AgentReply, AgentVerb, AuditRecord, AuditWhat, Decision, GpuRef, StepRecord
+from remediator.settings import Settings
+
+Quarantine = Literal["node", "gpu"] | None
+
+
+# --- what a step talks to ------------------------------------------------------------------------------
+
+
+class KubeChangeLike(Protocol):
+    @property
+    def changed(self) -> bool: ...
+    @property
+    def before(self) -> dict[str, Any]: ...
+    @property
+    def after(self) -> dict[str, Any]: ...
+    @property
+    def detail(self) -> str: ...
+
+
+class JobRefLike(Protocol):
+    @property
+    def kind(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def key(self) -> str: ...
+
+
+class KubeOps(Protocol):
+    """The Kubernetes adapter as the steps use it (``remediator.adapters.kube.KubeAdapter``; synchronous)."""
+
+    def taint(self, node: str, key: str, value: str, effect: str = ...) -> KubeChangeLike: ...
+    def untaint(self, node: str, key: str, effect: str | None = ..., *,
+                only_if_value: str | None = ...) -> KubeChangeLike: ...
+    def cordon(self, node: str) -> KubeChangeLike: ...
+    def uncordon(self, node: str, *, only_if_ours: bool = ...) -> KubeChangeLike: ...
+    def drain(self, node: str, *, timeout_s: float | None = ..., grace_period_s: int | None = ...,
+              pod_filter: Any = ..., progress: Any = ...) -> KubeChangeLike: ...
+    def evict_pods_on_gpu(self, node: str, gpu_index: int, *, timeout_s: float | None = ...,
+                          grace_period_s: int | None = ..., progress: Any = ...) -> KubeChangeLike: ...
+    def pods_on_node(self, node: str) -> list[dict[str, Any]]: ...
+    def job_of_pod(self, pod: Mapping[str, Any]) -> Any: ...
+    def job_pods(self, job: Any) -> list[dict[str, Any]]: ...
+    def restart_job(self, job: Any, *, restart_id: str, grace_period_s: int | None = ...) -> KubeChangeLike: ...
+    def escalate(self, node: str, reason: str, incident: str) -> KubeChangeLike: ...
+    def get_node(self, name: str) -> dict[str, Any]: ...
+    def list_gpu_nodes(self, pool: str | None = ...) -> list[dict[str, Any]]: ...
+
+
+class AgentOps(Protocol):
+    async def call(self, node: str, verb: AgentVerb, *, command_id: str, gpu: GpuRef | None = None,
+                   params: dict[str, Any] | None = None, timeout_s: float | None = None) -> AgentReply: ...
+
+
+class AuditOps(Protocol):
+    async def append(self, node: str | None, what: AuditWhat, why: str = "", *, incident: str | None = None,
+                     gpu: str | None = None, before: dict[str, Any] | None = None,
+                     after: dict[str, Any] | None = None, event_id: str | None = None, job: str | None = None,
+                     fingerprint: str | None = None, trace_id: str | None = None) -> AuditRecord: ...
+
+
+async def _real_sleep(seconds: float) -> None:
+    await asyncio.sleep(seconds)
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a step may use: the decision it serves and the adapters, settings, clock and audit log.
+
+    ``records`` holds this run's step records so far (by step id), so ``return_to_service`` can read what
+    the earlier steps found and changed. ``step_key``/``timeout_s`` describe the step being run.
+    """
+
+    decision: Decision
+    playbook: Playbook
+    kube: KubeOps
+    agents: AgentOps
+    settings: Settings
+    clock: Callable[[], datetime]
+    audit: AuditOps
+    sleep: Callable[[float], Awaitable[None]] = _real_sleep
+    records: Mapping[str, StepRecord] = field(default_factory=dict)
+    step_key: str = ""
+    timeout_s: float = 120.0
+    http: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None
+    run_sync: Callable[..., Awaitable[Any]] | None = None
+
+    @property
+    def node(self) -> str:
+        return self.decision.node
+
+    @property
+    def gpu(self) -> GpuRef | None:
+        return self.decision.gpu
+
+    def command_id(self, verb: str, n: int = 0) -> str:
+        """The agent command id of this step's ``n``-th ``verb``: stable across retries and resumes."""
+        return command_id(self.decision.incident_id, self.step_key, verb, n)
+
+    async def kube_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run a (synchronous, thread-safe) adapter call off the event loop (on the executor's pool)."""
+        if self.run_sync is not None:
+            return await self.run_sync(fn, *args, **kwargs)
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What a step did. ``changed`` is False when the state was already as wanted (check before act)."""
+
+    changed: bool
+    before: dict[str, Any] = field(default_factory=dict)
+    after: dict[str, Any] = field(default_factory=dict)
+    detail: str = ""
+    skipped: bool = False
+
+
+class StepFailed(Exception):
+    """The step could not do its job; the playbook's ``on_failure`` decides what happens next."""
+
+    def __init__(self, detail: str, *, before: dict[str, Any] | None = None,
+                 after: dict[str, Any] | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.before = before or {}
+        self.after = after or {}
+
+
+StepFn = Callable[[StepContext, Mapping[str, Any]], Awaitable[StepResult]]
+
+
+@dataclass(frozen=True)
+class StepDef:
+    """A registered step: its function, the parameters it accepts and how it affects capacity."""
+
+    name: str
+    fn: StepFn
+    params: frozenset[str]
+    undo: str | None
+    quarantine: Quarantine
+    description: str
+
+    def check_params(self, params: Mapping[str, Any]) -> str | None:
+        unknown = sorted(set(params) - self.params)
+        if unknown:
+            return f"unknown parameter(s) {unknown} for {self.name} (accepts {sorted(self.params) or 'none'})"
+        return None
+
+
+@dataclass
+class StepRegistry:
+    """Injectable registry of steps; the module-level ``REGISTRY`` is the default one."""
+
+    steps: dict[str, StepDef] = field(default_factory=dict)
+
+    def register(self, d: StepDef) -> None:
+        if d.name in self.steps:
+            raise ValueError(f"step {d.name!r} registered twice")
+        self.steps[d.name] = d
+
+    def get(self, name: str) -> StepDef:
+        return self.steps[name]
+
+    def names(self) -> list[str]:
+        return sorted(self.steps)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.steps
+
+
+REGISTRY = StepRegistry()
+_STEP_PARAMS = ("ctx", "params")
+
+
+def step(name: str, *, params: Iterable[str] = (), undo: str | None = None, quarantine: Quarantine = None,
+         registry: StepRegistry | None = None) -> Callable[[StepFn], StepFn]:
+    """Register ``async def fn(ctx, params) -> StepResult`` as step ``name``; returns ``fn`` unchanged.
+
+    ``params`` are the parameter names a playbook may pass; ``undo`` the step that reverses this one;
+    ``quarantine`` says whether the step takes a node or a GPU out of service (blast radius, breaker).
+    """
+
+    def wrap(fn: StepFn) -> StepFn:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"step {name!r}: {fn.__name__} must be an async function")
+        got = tuple(inspect.signature(fn).parameters)
+        if got != _STEP_PARAMS:
+            raise TypeError(f"step {name!r}: {fn.__name__} must take {_STEP_PARAMS}, not {got}")
+        doc = inspect.getdoc(fn) or ""
+        (registry or REGISTRY).register(
+            StepDef(name, fn, frozenset(params), undo, quarantine, doc.splitlines()[0] if doc else ""))
+        return fn
+
+    return wrap
+
+
+def _change(c: Any, what: str) -> StepResult:
+    return StepResult(bool(c.changed), dict(c.before), dict(c.after), str(c.detail or what))
+
+
+def _need_gpu(ctx: StepContext) -> GpuRef:
+    if ctx.gpu is None:
+        raise StepFailed("this step needs a GPU and the decision names none")
+    return ctx.gpu
+
+
+def _reply(reply: AgentReply, what: str) -> StepResult:
+    if not reply.ok:
+        raise StepFailed(f"{what}: agent refused: {reply.detail}", before=dict(reply.before),
+                         after=dict(reply.after))
+    return StepResult(reply.changed, dict(reply.before), dict(reply.after), reply.detail or what)
+
+
+# --- node-level steps (Kubernetes) ---------------------------------------------------------------------
+
+
+def _taint_value(ctx: StepContext, params: Mapping[str, Any]) -> str:
+    return str(params.get("value") or ctx.decision.playbook)
+
+
+@step("taint", params=("effect", "value"), undo="untaint", quarantine="node")
+async def taint_node(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
+    """Add the service's quarantine taint (``settings.taint_key=<playbook>:NoSchedule`` by default)."""
+    c = await ctx.kube_call(ctx.kube.taint, ctx.node, ctx.settings.taint_key, _taint_value(ctx, params),
+                            str(params.get("effect", "NoSchedule")))
+    return _change(c, "taint")
+
+
+@step("untaint", params=("effect", "value"))
+async def untaint_node(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
+    """Remove the service's quarantine taint, only when it carries our value (never someone else's)."""
+    c = await ctx.kube_call(ctx.kube.untaint, ctx.node, ctx.settings.taint_key,
+                            str(params.get("effect", "NoSchedule")), only_if_value=_taint_value(ctx, params))
+    return _change(c, "untaint")
+
+
+@step("cordon", undo="uncordon", quarantine="node")
+async def cordon_node(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
+    """Mark the node unschedulable (the adapter marks the cordon as ours with an annotation)."""
+    return _change(await ctx.kube_call(ctx.kube.cordon, ctx.node), "cordon")
+
+
+@step("uncordon")
+async def uncordon_node(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
+    """Make the node schedulable again, only when the cordon is ours."""
+    return _change(await ctx.kube_call(ctx.kube.uncordon, ctx.node, only_if_ours=True), "uncordon")
+
+
+@step("drain", params=("grace_period_s",), quarantine="node")
+async def drain_node(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
+    """Evict every pod but DaemonSet and mirror pods through the Eviction API, honouring PDBs."""
+    grace = int(params.get("grace_period_s", ctx.settings.drain_grace_period_s))
+    timeout = min(ctx.timeout_s, ctx.settings.drain_timeout_s)
+    return _change(await ctx.kube_call(ctx.kube.drain, ctx.node, timeout_s=timeout, grace_period_s=grace),
+                   "drain")
+
+
+@step("evict_gpu_pods", params=("grace_period_s",), quarantine="gpu")
+async def evict_gpu_pods(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
+    """Evict only the pods bound to the decision's GPU; the node's other GPUs and pods stay."""
+    gpu = _need_gpu(ctx)
+    if gpu.index is None:
+        raise StepFailed(f"evict_gpu_pods: the index of GPU {gpu.key} is unknown, so its pods cannot be found")
+    grace = int(params.get("grace_period_s", ctx.settings.drain_grace_period_s))
+    timeout = min(ctx.timeout_s, ctx.settings.drain_timeout_s)
+    c = await ctx.kube_call(ctx.kube.evict_pods_on_gpu, ctx.node, gpu.index, timeout_s=timeout,
+                            grace_period_s=grace)
+    return _change(c, "evict_gpu_pods")
+
+
+# --- GPU-level steps (node agent) ----------------------------------------------------------------------
+
+
+@step("isolate_gpu", undo="release_gpu", quarantine="gpu")
+async def isolate_gpu(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
+    """Stop new work landing on one GPU (the agent takes it out of the device plugin's healthy set)."""
+    gpu = _need_gpu(ctx)
+    reply = await ctx.agents.call(ctx.node, "isolate_gpu", gpu=gpu, command_id=ctx.command_id("isolate_gpu"),
+                                  timeout_s=min(ctx.timeout_s, 30.0))
+    return _reply(reply, "isolate_gpu")
+
+
+@step("release_gpu")
+async def release_gpu(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
+    """Put an isolated GPU back into the schedulable set."""
+    gpu = _need_gpu(ctx)
+    reply = await ctx.agents.call(ctx.node, "release_gpu", gpu=gpu, command_id=ctx.command_id("release_gpu"),
+                                  timeout_s=min(ctx.timeout_s, 30.0))
+    return _reply(reply, "release_gpu")
+
+
+@step("reset_gpu", params=("wait_idle_s", "interval_s"))
+async def reset_gpu(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
+    """Reset the GPU through the agent once no process holds it (waits for idle up to ``wait_idle_s``)."""
+    gpu = _need_gpu(ctx)
+    interval = float(params.get("interval_s", 2.0))
+    deadline = float(params.get("wait_idle_s", max(ctx.timeout_s - 10.0, 0.0)))
+    waited, n = 0.0, 0
+    while True:
+        reply = await ctx.agents.call(ctx.node, "reset_gpu", gpu=gpu, command_id=ctx.command_id("reset_gpu", n),
+                                      timeout_s=min(ctx.timeout_s, 60.0))
+        if reply.ok:
+            return _reply(reply, "reset_gpu")
+        if waited >= deadline:
+            raise StepFailed(f"reset_gpu: agent refused after {waited:g}s: {reply.detail}",
+                             before=dict(reply.before), after=dict(reply.after))
+        await ctx.sleep(interval)
+        waited += interval
+        n += 1
+
+
+@step("kill_orphans")
+async def kill_orphans(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
+    """Kill processes holding GPU memory whose pod is gone."""
+    reply = await ctx.agents.call(ctx.node, "kill_orphans", gpu=ctx.gpu, command_id=ctx.command_id("kill_orphans"),
+                                  timeout_s=min(ctx.timeout_s, 30.0))
+    return _reply(reply, "kill_orphans")
+
+
+def _verification(ctx: StepContext, params: Mapping[str, Any]) -> Verification:
+    v = ctx.playbook.verification
+    hold = float(params.get("hold_down_s", v.hold_down_s))
+    if ctx.settings.verify_hold_down_s is not None:
+        hold = ctx.settings.verify_hold_down_s
+    interval = float(params.get("interval_s", v.interval_s))
+    if ctx.settings.verify_interval_s is not None:
+        interval = ctx.settings.verify_interval_s
+    checks = tuple(params.get("checks", v.checks))
+    return Verification(hold_down_s=hold, interval_s=interval, checks=checks)
+
+
+@step("health_check", params=("hold_down_s", "interval_s", "checks", "scope"))
+async def health_check(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
+    """Pass only when the agent's health check passes continuously for the hold-down time."""
+    v = _verification(ctx, params)
+    gpu = ctx.gpu if params.get("scope", "gpu") == "gpu" else None
+    started = ctx.clock()
+    passing_since: datetime | None = None
+    n, last = 0, None
+    first: dict[str, Any] | None = None
+    while True:
+        reply = await ctx.agents.call(ctx.node, "health_check", gpu=gpu, params={"checks": list(v.checks)},
+                                      command_id=ctx.command_id("health_check", n), timeout_s=30.0)
+        now = ctx.clock()
+        first = first if first is not None else dict(reply.before or reply.after)
+        last = reply
+        if reply.ok:
+            passing_since = passing_since or now
+            if (now - passing_since).total_seconds() >= v.hold_down_s:
+                return StepResult(False, first, dict(reply.after),
+                                  f"healthy for {v.hold_down_s:g}s ({n + 1} probes)")
+        else:
+            passing_since = None
+        if (now - started).total_seconds() + v.interval_s > ctx.timeout_s:
+            raise StepFailed(f"not healthy for {v.hold_down_s:g}s within {ctx.timeout_s:g}s: "
+                             f"{last.detail if last else ''}", before=first, after=dict(last.after) if last else {})
+        await ctx.sleep(v.interval_s)
+        n += 1
+
+
+@step("reboot_node", params=("reason",), quarantine="node")
+async def reboot_node(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
+    """Reboot the node through the configured hook (POST), else through the agent."""
+    reason = str(params.get("reason", ctx.decision.reason))
+    hook = ctx.settings.reboot_hook_url
+    if hook:
+        body = {"node": ctx.node, "incident": ctx.decision.incident_id, "reason": reason,
+                "idempotency_key": ctx.command_id("reboot_node")}
+        await _post(ctx, hook, body)
+        return StepResult(True, {}, {"reboot_requested": True}, f"reboot requested from {hook}")
+    reply = await ctx.agents.call(ctx.node, "reboot_node", command_id=ctx.command_id("reboot_node"),
+                                  params={"reason": reason}, timeout_s=min(ctx.timeout_s, 60.0))
+    return _reply(reply, "reboot_node")
+
+
+# --- jobs ----------------------------------------------------------------------------------------------
+
+
+def _job_name(ctx: StepContext) -> tuple[str | None, str | None]:
+    """``(namespace, name)`` of the decision's job, from ``decision.job`` (``name`` or ``ns/name``) or labels."""
+    labels = ctx.decision.labels
+    job = (ctx.decision.job or labels.get("training.kubeflow.org/job-name") or labels.get("job-name")
+           or labels.get("job") or None)
+    namespace = labels.get("namespace") or labels.get("pod_namespace") or None
+    if job and "/" in job:
+        namespace, job = job.split("/", 1)
+    return namespace, job
+
+
+def _find_job(ctx: StepContext) -> Any:
+    """The controller of the decision's job: from the owner references of its pods on the node, else by
+    name among the kinds that run gangs (PyTorchJob, then batch Job)."""
+    namespace, name = _job_name(ctx)
+    pods = ctx.kube.pods_on_node(ctx.node)
+    candidates = [p for p in pods if not p["daemonset"] and not p["mirror"]]
+    if name is None:
+        gpu = ctx.gpu
+        if gpu is not None and gpu.index is not None:
+            candidates = [p for p in candidates if gpu.index in p["gpu_indices"]]
+        jobs = {j.key: j for j in (ctx.kube.job_of_pod(p) for p in candidates) if j is not None}
+        if len(jobs) == 1:
+            return next(iter(jobs.values()))
+        raise StepFailed(f"restart_job: the decision names no job and the node runs {len(jobs)} jobs")
+    for p in candidates:
+        j = ctx.kube.job_of_pod(p)
+        if j is not None and j.name == name and (namespace is None or j.namespace == namespace):
+            return j
+        if j is not None and p["labels"].get("training.kubeflow.org/job-name") == name:
+            return j
+    from remediator.adapters.kube import JobRef, NotFound  # only here: a job no pod on the node belongs to
+
+    for kind, api in (("PyTorchJob", "kubeflow.org/v1"), ("Job", "batch/v1")):
+        ref = JobRef(kind, name, namespace or "default", api)
+        try:
+            ctx.kube.job_pods(ref)
+        except NotFound:
+            continue
+        return ref
+    raise StepFailed(f"restart_job: no PyTorchJob or Job named {name!r} in {namespace or 'default'}")
+
+
+@step("restart_job", params=("grace_period_s",))
+async def restart_job(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
+    """Restart the whole gang of the decision's job (PyTorchJob, batch Job, StatefulSet/Deployment pods).
+
+    The job is found from its pods' owner references (labels fill in); every rank is deleted for its
+    controller to recreate, once per incident (the restart id makes a resumed restart finish, not repeat).
+    """
+    job = await ctx.kube_call(_find_job, ctx)
+    kwargs: dict[str, Any] = {"restart_id": ctx.command_id("restart_job")}
+    if "grace_period_s" in params:
+        kwargs["grace_period_s"] = int(params["grace_period_s"])
+    c = await ctx.kube_call(ctx.kube.restart_job, job, **kwargs)
+    return _change(c, f"restart_job {job.key}")
+
+
+# --- hand-over and return ------------------------------------------------------------------------------
+
+
+async def _post(ctx: StepContext, url: str, body: dict[str, Any]) -> None:
+    if ctx.http is not None:
+        await ctx.http(url, body)
+        return
+    async with httpx.AsyncClient(timeout=10.0) as client:
+        r = await client.post(url, json=body)
+        r.raise_for_status()
+
+
+
+@step("escalate", params=("reason", "action", "severity"))
+async def escalate(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
+    """Hand over to a person: node annotation, Kubernetes Event, audit record, optional webhook."""
+    esc: Escalation = ctx.playbook.escalation
+    reason = str(params.get("reason") or ctx.decision.reason)
+    action = str(params.get("action") or esc.action)
+    severity = str(params.get("severity") or esc.severity)
+    d = ctx.decision
+    after: dict[str, Any] = {"action": action, "severity": severity}
+    changed = False
+    if esc.annotate or esc.event:
+        c = await ctx.kube_call(ctx.kube.escalate, ctx.node, f"[{severity}] {action}: {reason}", d.incident_id)
+        changed = bool(c.changed)
+        after.update(c.after)
+    await ctx.audit.append(ctx.node, "escalated", f"{action}: {reason}", incident=d.incident_id,
+                           gpu=d.gpu.key if d.gpu else None, job=d.job, event_id=d.event_id, after=after)
+    if esc.webhook and ctx.settings.escalation_webhook_url:
+        await _post(ctx, ctx.settings.escalation_webhook_url,
+                    {"node": ctx.node, "gpu": d.gpu.model_dump() if d.gpu else None, "incident": d.incident_id,
+                     "playbook": d.playbook, "action": action, "severity": severity, "reason": reason})
+        after["webhook"] = True
+    return StepResult(changed, {}, after, f"escalated: {action}")
+
+
+def placed_by_us(rec: StepRecord, ctx: StepContext) -> bool:
+    """Whether what step record ``rec`` leaves in place was put there by this service.
+
+    Read from the before-state the step recorded, which survives a resumed step: a cordon is someone
+    else's when the node was already unschedulable without our cordon annotation; a taint under our key
+    with another value is someone else's; a GPU isolation is ours when the isolating step changed it.
+    """
+    if rec.status != "succeeded":
+        return False
+    if rec.name == "cordon":
+        return not (rec.before.get("unschedulable") and not rec.before.get("cordoned_by_us"))
+    if rec.name == "taint":
+        value = str(rec.params.get("value") or ctx.decision.playbook)
+        return not any(t.get("key") == ctx.settings.taint_key and t.get("value") != value
+                       for t in rec.before.get("taints", []))
+    return bool(rec.after.get("changed_by_us"))
+
+
+@step("return_to_service", params=("require_health",))
+async def return_to_service(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
+    """Undo what this run added (taint, cordon, GPU isolation) once the last health check passed.
+
+    Never removes a cordon or taint the run found already set: the before-state recorded by the step says
+    whether it was ours.
+    """
+    recs = ctx.records
+    if params.get("require_health", True):
+        checks = [r for r in recs.values() if r.name == "health_check"]
+        if not checks or checks[-1].status != "succeeded":
+            return StepResult(False, {}, {"returned": False},
+                              "left out of service: no passing health check in this run", skipped=True)
+    undone: list[str] = []
+    kept: list[str] = []
+    for rec in recs.values():
+        if rec.name not in ("taint", "cordon", "isolate_gpu"):
+            continue
+        if not placed_by_us(rec, ctx):
+            kept.append(rec.name)
+            continue
+        if rec.name == "taint":
+            await untaint_node(ctx, rec.params)
+        elif rec.name == "cordon":
+            await uncordon_node(ctx, {})
+        else:
+            await release_gpu(ctx, {})
+        undone.append(rec.name)
+    detail = f"removed {undone or 'nothing'}" + (f"; left {kept} (not added by this run)" if kept else "")
+    return StepResult(bool(undone), {"ours": undone, "not_ours": kept}, {"returned": True}, detail)
+
+
+def quarantine_of(playbook: Playbook, registry: StepRegistry = REGISTRY) -> Quarantine:
+    """How far the playbook takes capacity out: ``node`` beats ``gpu``; None when it takes none."""
+    kinds = {registry.get(s.name).quarantine for s in playbook.steps if s.name in registry}
+    if "node" in kinds:
+        return "node"
+    if "gpu" in kinds:
+        return "gpu"
+    return None

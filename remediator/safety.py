@@ -1,0 +1,309 @@
+"""Safety rails: the named guards every decision passes before the executor touches anything.
+
+Where it sits: inside the executor, between receiving a ``Decision`` and running its playbook (DESIGN.md
+§7). The executor gathers a ``SafetySnapshot`` (node labels from Kubernetes, attempts, the lock, pool usage,
+the breaker, approvals from KV), calls ``evaluate``, writes each ``GuardVerdict`` to the audit trail, and
+commits the bookkeeping a passing verdict implies (a budget reservation, a breaker count) by
+compare-and-set, re-gathering and re-evaluating when it loses a race. A handler can propose; only this
+module says yes.
+
+Every guard is a pure function ``guard(decision, snapshot, now) -> GuardVerdict``; ``GUARDS`` lists them in
+the order they are evaluated, and evaluation stops at the first that does not allow the decision:
+
+1. ``opt_out``   the node carries ``gpu-remediator.io/opt-out=true``: touch nothing.
+2. ``dry_run``   global or per-playbook shadow mode: record what would happen, touch nothing.
+3. ``cooldown``  a recent remediation of the same target, or too many attempts per node/GPU in the window:
+                 escalate to a person instead of trying again.
+4. ``lock``      another playbook holds the node: retry later.
+5. ``budget``    the pool would have too many GPU nodes or GPUs out of service: escalate instead.
+6. ``breaker``   open, or this quarantine completes a burst that trips it: block until a person resets it.
+7. ``approval``  a step is marked ``requires_approval`` and nobody approved the incident yet: wait.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from remediator.contracts import OPT_OUT_LABEL, Decision
+
+Effect = Literal["proceed", "shadow", "escalate", "retry", "block", "trip", "wait"]
+Quarantine = Literal["node", "gpu"] | None
+
+GUARD_NAMES: tuple[str, ...] = ("opt_out", "dry_run", "cooldown", "lock", "budget", "breaker", "approval")
+
+
+@dataclass(frozen=True)
+class GuardVerdict:
+    """One guard's answer. ``effect`` tells the executor what to do when ``allowed`` is False (or, for
+    ``shadow``, how to proceed): escalate, retry later, block, trip the breaker, wait for approval."""
+
+    name: str
+    allowed: bool
+    reason: str
+    effect: Effect = "proceed"
+    retry_after_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"guard": self.name, "allowed": self.allowed, "reason": self.reason, "effect": self.effect}
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One earlier remediation: which incident, on which node and GPU (``""``: node-wide), when."""
+
+    incident: str
+    node: str
+    gpu: str
+    at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return {"incident": self.incident, "node": self.node, "gpu": self.gpu, "at": self.at.isoformat()}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> Attempt:
+        return Attempt(str(d["incident"]), str(d["node"]), str(d.get("gpu", "")), datetime.fromisoformat(d["at"]))
+
+
+@dataclass(frozen=True)
+class PoolUsage:
+    """Capacity of one node pool and what is out of service in it (GPU nodes only).
+
+    ``nodes_out``: nodes cordoned or carrying our taint (anyone's doing) plus nodes reserved by running
+    playbooks. ``gpus_out``: GPUs of those nodes plus GPUs isolated on their own.
+    """
+
+    pool: str
+    nodes_total: int
+    gpus_total: int
+    nodes_out: frozenset[str] = frozenset()
+    gpus_out: int = 0
+    node_gpus: int = 0  # GPUs of the decision's node
+
+
+@dataclass(frozen=True)
+class BreakerState:
+    """The circuit breaker, shared by all replicas through KV. ``quarantines``: (incident, time) pairs."""
+
+    open: bool = False
+    tripped_at: datetime | None = None
+    reason: str = ""
+    quarantines: tuple[tuple[str, datetime], ...] = ()
+
+    def recent(self, now: datetime, window_s: float, exclude: str = "") -> list[tuple[str, datetime]]:
+        since = now - timedelta(seconds=window_s)
+        return [(i, t) for i, t in self.quarantines if t > since and i != exclude]
+
+    def with_quarantine(self, incident: str, now: datetime, window_s: float) -> BreakerState:
+        if any(i == incident for i, _ in self.quarantines):
+            return self
+        kept = tuple(self.recent(now, window_s))
+        return replace(self, quarantines=(*kept, (incident, now)))
+
+    def tripped(self, now: datetime, reason: str) -> BreakerState:
+        return replace(self, open=True, tripped_at=now, reason=reason)
+
+    def reset(self) -> BreakerState:
+        return BreakerState()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"open": self.open, "tripped_at": self.tripped_at.isoformat() if self.tripped_at else None,
+                "reason": self.reason, "quarantines": [[i, t.isoformat()] for i, t in self.quarantines]}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> BreakerState:
+        at = d.get("tripped_at")
+        return BreakerState(bool(d.get("open")), datetime.fromisoformat(at) if at else None, str(d.get("reason", "")),
+                            tuple((str(i), datetime.fromisoformat(t)) for i, t in d.get("quarantines", [])))
+
+
+@dataclass(frozen=True)
+class SafetyPolicy:
+    """The limits the guards apply; built from ``Settings`` by the executor."""
+
+    enabled: frozenset[str] = frozenset(GUARD_NAMES)
+    global_dry_run: bool = False
+    cooldown_s: float = 600.0
+    attempt_window_s: float = 86_400.0
+    max_node_attempts: int = 3
+    max_gpu_attempts: int = 2
+    budget_max_node_fraction: float = 0.1
+    budget_max_nodes: int = 50
+    budget_max_gpu_fraction: float = 0.1
+    budget_max_gpus: int = 400
+    breaker_threshold: int = 10
+    breaker_window_s: float = 300.0
+    lock_retry_s: float = 10.0
+
+    def node_limit(self, total: int) -> int:
+        """Most GPU nodes of a pool of ``total`` that may be out at once: never below one."""
+        return max(1, min(self.budget_max_nodes, math.floor(self.budget_max_node_fraction * total)))
+
+    def gpu_limit(self, total: int) -> int:
+        return max(1, min(self.budget_max_gpus, math.floor(self.budget_max_gpu_fraction * total)))
+
+
+@dataclass(frozen=True)
+class SafetySnapshot:
+    """The facts the guards need, gathered by the executor at one moment."""
+
+    policy: SafetyPolicy
+    node_labels: Mapping[str, str] = field(default_factory=dict)
+    playbook_dry_run: bool = False
+    quarantine: Quarantine = None
+    attempts: tuple[Attempt, ...] = ()
+    lock_holder: str | None = None
+    me: str = ""
+    pool: PoolUsage | None = None
+    breaker: BreakerState = field(default_factory=BreakerState)
+    approval_steps: tuple[str, ...] = ()
+    approved_by: str | None = None
+
+
+def _gpu_key(decision: Decision) -> str:
+    return decision.gpu.key if decision.gpu else ""
+
+
+def opt_out(decision: Decision, snap: SafetySnapshot, now: datetime) -> GuardVerdict:
+    """Blocks when the node is labelled ``gpu-remediator.io/opt-out=true``."""
+    if snap.node_labels.get(OPT_OUT_LABEL, "").lower() == "true":
+        return GuardVerdict("opt_out", False, f"{decision.node} is labelled {OPT_OUT_LABEL}=true", "block")
+    return GuardVerdict("opt_out", True, "node not opted out")
+
+
+def dry_run(decision: Decision, snap: SafetySnapshot, now: datetime) -> GuardVerdict:
+    """Shadow mode, globally or for this playbook: the run records what it would do and touches nothing."""
+    if snap.policy.global_dry_run:
+        return GuardVerdict("dry_run", True, "global dry-run: recording what would happen", "shadow")
+    if snap.playbook_dry_run:
+        return GuardVerdict("dry_run", True, f"playbook {decision.playbook} is in dry-run", "shadow")
+    return GuardVerdict("dry_run", True, "acting for real")
+
+
+def cooldown(decision: Decision, snap: SafetySnapshot, now: datetime) -> GuardVerdict:
+    """Escalates instead of acting when the target was remediated within the cooldown, or the node/GPU
+    used up its attempts in the window. The decision's own incident never counts (a resumed run)."""
+    p = snap.policy
+    since = now - timedelta(seconds=p.attempt_window_s)
+    others = [a for a in snap.attempts if a.incident != decision.incident_id and a.at > since]
+    on_node = [a for a in others if a.node == decision.node]
+    gpu = _gpu_key(decision)
+    on_gpu = [a for a in on_node if gpu and a.gpu == gpu]
+    if len(on_node) >= p.max_node_attempts:
+        return GuardVerdict("cooldown", False, f"{decision.node} was remediated {len(on_node)} times in "
+                            f"{p.attempt_window_s:g}s (limit {p.max_node_attempts})", "escalate")
+    if gpu and len(on_gpu) >= p.max_gpu_attempts:
+        return GuardVerdict("cooldown", False, f"GPU {gpu} was remediated {len(on_gpu)} times in "
+                            f"{p.attempt_window_s:g}s (limit {p.max_gpu_attempts})", "escalate")
+    same_target = [a for a in (on_gpu if gpu else on_node) if (now - a.at).total_seconds() < p.cooldown_s]
+    if same_target:
+        last = max(same_target, key=lambda a: a.at)
+        ago = (now - last.at).total_seconds()
+        return GuardVerdict("cooldown", False, f"{gpu or decision.node} was remediated {ago:.0f}s ago by "
+                            f"{last.incident} (cooldown {p.cooldown_s:g}s)", "escalate")
+    return GuardVerdict("cooldown", True, f"{len(on_node)} earlier attempts on the node, {len(on_gpu)} on the GPU")
+
+
+def lock(decision: Decision, snap: SafetySnapshot, now: datetime) -> GuardVerdict:
+    """One playbook per node: allowed only when this run holds the node lock."""
+    if snap.lock_holder == snap.me:
+        return GuardVerdict("lock", True, f"holding the lock of {decision.node}")
+    return GuardVerdict("lock", False, f"{decision.node} is locked by {snap.lock_holder or 'another run'}",
+                        "retry", snap.policy.lock_retry_s)
+
+
+def budget(decision: Decision, snap: SafetySnapshot, now: datetime) -> GuardVerdict:
+    """Blast radius: the pool keeps at most ``node_limit``/``gpu_limit`` GPU nodes/GPUs out of service
+    (max fraction and max count, whichever is smaller), and always allows one node out per pool."""
+    if snap.quarantine is None:
+        return GuardVerdict("budget", True, "the playbook takes no capacity out")
+    pool = snap.pool
+    if pool is None:
+        return GuardVerdict("budget", True, "not a GPU node: no pool budget applies")
+    p = snap.policy
+    node_limit, gpu_limit = p.node_limit(pool.nodes_total), p.gpu_limit(pool.gpus_total)
+    if decision.node in pool.nodes_out:
+        return GuardVerdict("budget", True, f"{decision.node} is already out of service in pool {pool.pool}")
+    if not pool.nodes_out and pool.gpus_out == 0:
+        return GuardVerdict("budget", True, f"first node out in pool {pool.pool} (always allowed)")
+    if snap.quarantine == "node":
+        nodes_after = len(pool.nodes_out) + 1
+        gpus_after = pool.gpus_out + pool.node_gpus
+        if nodes_after > node_limit:
+            return GuardVerdict("budget", False, f"pool {pool.pool}: {len(pool.nodes_out)} of {pool.nodes_total} "
+                                f"GPU nodes out; one more exceeds the limit {node_limit}", "escalate")
+    else:
+        gpus_after = pool.gpus_out + 1
+    if gpus_after > gpu_limit:
+        return GuardVerdict("budget", False, f"pool {pool.pool}: {pool.gpus_out} of {pool.gpus_total} GPUs out; "
+                            f"{gpus_after} exceeds the limit {gpu_limit}", "escalate")
+    return GuardVerdict("budget", True, f"pool {pool.pool}: {len(pool.nodes_out)}/{node_limit} nodes, "
+                        f"{pool.gpus_out}/{gpu_limit} GPUs out before this one")
+
+
+def breaker(decision: Decision, snap: SafetySnapshot, now: datetime) -> GuardVerdict:
+    """Blocks while the breaker is open; trips it when this quarantine would exceed ``breaker_threshold``
+    quarantines within ``breaker_window_s`` (so at most the threshold get through)."""
+    b = snap.breaker
+    if b.open:
+        since = b.tripped_at.isoformat() if b.tripped_at else "?"
+        return GuardVerdict("breaker", False, f"circuit breaker open since {since}: {b.reason}", "block")
+    if snap.quarantine is None:
+        return GuardVerdict("breaker", True, "the playbook quarantines nothing")
+    p = snap.policy
+    recent = b.recent(now, p.breaker_window_s, exclude=decision.incident_id)
+    if len(recent) >= p.breaker_threshold:
+        return GuardVerdict("breaker", False, f"{len(recent)} quarantines in {p.breaker_window_s:g}s reached "
+                            f"the threshold {p.breaker_threshold}: tripping the breaker", "trip")
+    return GuardVerdict("breaker", True, f"{len(recent)} quarantines in the last {p.breaker_window_s:g}s "
+                        f"(threshold {p.breaker_threshold})")
+
+
+def approval(decision: Decision, snap: SafetySnapshot, now: datetime) -> GuardVerdict:
+    """Waits while a step marked ``requires_approval`` lacks an approval of the incident."""
+    if not snap.approval_steps:
+        return GuardVerdict("approval", True, "no step needs approval")
+    if snap.approved_by:
+        return GuardVerdict("approval", True, f"approved by {snap.approved_by}")
+    return GuardVerdict("approval", False, f"steps {list(snap.approval_steps)} need `remediator approve "
+                        f"{decision.incident_id}`", "wait")
+
+
+Guard = Callable[[Decision, SafetySnapshot, datetime], GuardVerdict]
+GUARDS: tuple[tuple[str, Guard], ...] = (
+    ("opt_out", opt_out), ("dry_run", dry_run), ("cooldown", cooldown), ("lock", lock), ("budget", budget),
+    ("breaker", breaker), ("approval", approval),
+)
+ALWAYS_ON = frozenset({"lock"})
+
+
+def evaluate(decision: Decision, snap: SafetySnapshot, now: datetime, *,
+             only: frozenset[str] | None = None) -> list[GuardVerdict]:
+    """Run the enabled guards in order, stopping after the first that does not allow the decision.
+
+    ``only`` restricts evaluation to some guards (e.g. re-checking the approval gate before one step).
+    A disabled guard is reported as allowed with reason "disabled", so the audit says it was off.
+    """
+    out: list[GuardVerdict] = []
+    for name, fn in GUARDS:
+        if only is not None and name not in only:
+            continue
+        if name not in snap.policy.enabled and name not in ALWAYS_ON:
+            out.append(GuardVerdict(name, True, "disabled"))
+            continue
+        v = fn(decision, snap, now)
+        out.append(v)
+        if not v.allowed:
+            break
+    return out
+
+
+def shadow(verdicts: list[GuardVerdict]) -> bool:
+    return any(v.effect == "shadow" for v in verdicts)
+
+
+def blocking(verdicts: list[GuardVerdict]) -> GuardVerdict | None:
+    return next((v for v in verdicts if not v.allowed), None)
