@@ -528,7 +528,8 @@ async def return_to_service(ctx: StepContext, params: Mapping[str, Any]) -> Step
     """
     recs = ctx.records
     if params.get("require_health", True):
-        checks = [r for r in recs.values() if r.name == "health_check"]
+        # the checks that ran: a rung skipped because an earlier one healed the fault leaves skipped checks
+        checks = [r for r in recs.values() if r.name == "health_check" and r.status in ("succeeded", "failed")]
         if not checks or checks[-1].status != "succeeded":
             return StepResult(False, {}, {"returned": False},
                               "left out of service: no passing health check in this run", skipped=True)

@@ -495,7 +495,9 @@ class Executor:
         await self._audit(d, "playbook_finished", f"{pb.name}: {outcome}" + (f" ({detail})" if detail else ""),
                           after={"outcome": outcome, "steps": [f"{k}:{run.records[k].status}" for k in run.order]})
         await runs.put(run.to_json(), rev)
-        await StateStore(self._state_kv).close_incident(node_key(d.node), d.group)  # type: ignore[arg-type]
+        # NCCL incidents live in their job's history, not the node's (handlers.nccl.history_key).
+        history = d.labels.get("history_key") or node_key(d.node)
+        await StateStore(self._state_kv).close_incident(history, d.group)  # type: ignore[arg-type]
         return run.result()
 
     # --- guards -----------------------------------------------------------------------------------

@@ -187,6 +187,11 @@ def cooldown(decision: Decision, snap: SafetySnapshot, now: datetime) -> GuardVe
     """Escalates instead of acting when the target was remediated within the cooldown, or the node/GPU
     used up its attempts in the window. The decision's own incident never counts (a resumed run)."""
     p = snap.policy
+    if snap.quarantine is None:
+        # A job restart or a hand-over to a person takes nothing on the node out of service: another
+        # playbook that just ran there (on some GPU of it) is no reason to hold this one back.
+        return GuardVerdict("cooldown", True, f"the playbook takes no capacity out of {decision.node}; "
+                            "node and GPU cooldowns do not apply")
     since = now - timedelta(seconds=p.attempt_window_s)
     others = [a for a in snap.attempts if a.incident != decision.incident_id and a.at > since]
     on_node = [a for a in others if a.node == decision.node]

@@ -64,6 +64,9 @@ CASES = [
     ("cooldown", decision(), snap(attempts=tuple(Attempt(f"i{i}", "gpu-node-1", "GPU-0", ago(90_000 + i))
                                                  for i in range(5))), True, "proceed"),
     ("cooldown", decision(), snap(attempts=(Attempt("inc-1", "gpu-node-1", "GPU-0", ago(5)),)), True, "proceed"),
+    # a job restart takes nothing out of the node: a GPU remediated there a moment ago does not hold it back
+    ("cooldown", decision(gpu=None), snap(quarantine=None, attempts=(Attempt("inc-0", "gpu-node-1", "GPU-7",
+                                                                             ago(4)),)), True, "proceed"),
     ("lock", decision(), snap(lock_holder="other"), False, "retry"),
     ("lock", decision(), snap(lock_holder=None), False, "retry"),
     ("lock", decision(), snap(), True, "proceed"),
