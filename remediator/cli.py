@@ -9,6 +9,7 @@ exactly one JSON document; progress and tables go to standard error.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any
 
 import click
@@ -52,3 +53,7 @@ class _LazyGroup(click.Group):
 @click.version_option(package_name="gpu-remediator")
 def main() -> None:
     """gpu-remediator: heals GPU clusters on Kubernetes, behind safety rails, with an audit trail."""
+
+
+if __name__ == "__main__":
+    main()

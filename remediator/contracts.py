@@ -198,9 +198,9 @@ class AlertmanagerAlert(BaseModel):
     status: Literal["firing", "resolved"]
     labels: dict[str, str]
     annotations: dict[str, str] = Field(default_factory=dict)
-    startsAt: datetime  # noqa: N815 - Alertmanager's field name
-    endsAt: datetime | None = None  # noqa: N815
-    generatorURL: str = ""  # noqa: N815
+    startsAt: datetime  # Alertmanager's field name
+    endsAt: datetime | None = None
+    generatorURL: str = ""
     fingerprint: str = Field(min_length=1)
 
 
@@ -208,14 +208,14 @@ class AlertmanagerPayload(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     version: str
-    groupKey: str = ""  # noqa: N815
-    truncatedAlerts: int = 0  # noqa: N815
+    groupKey: str = ""
+    truncatedAlerts: int = 0
     status: Literal["firing", "resolved"]
     receiver: str = ""
-    groupLabels: dict[str, str] = Field(default_factory=dict)  # noqa: N815
-    commonLabels: dict[str, str] = Field(default_factory=dict)  # noqa: N815
-    commonAnnotations: dict[str, str] = Field(default_factory=dict)  # noqa: N815
-    externalURL: str = ""  # noqa: N815
+    groupLabels: dict[str, str] = Field(default_factory=dict)
+    commonLabels: dict[str, str] = Field(default_factory=dict)
+    commonAnnotations: dict[str, str] = Field(default_factory=dict)
+    externalURL: str = ""
     alerts: list[AlertmanagerAlert]
 
     @field_validator("version")

@@ -32,7 +32,9 @@ class Settings(BaseSettings):
         default=None, description="kubeconfig file of the cluster. Unset: in-cluster config, then ~/.kube/config."
     )
     dry_run: bool = Field(default=False, description="Record what each playbook would do and touch nothing.")
-    replica_id: str = Field(default="", description="Actor name of this replica in the audit trail (default: host-pid).")
+    replica_id: str = Field(
+        default="", description="Actor name of this replica in the audit trail (default: host-pid)."
+    )
     duplicate_window_s: int = Field(
         default=1200, ge=600, description="JetStream duplicate window of FAULTS (covers Alertmanager retries)."
     )
@@ -45,7 +47,9 @@ class Settings(BaseSettings):
     drain_grace_period_s: int = Field(default=30, ge=0, description="Termination grace period for evicted pods.")
     kube_qps: float = Field(default=20.0, gt=0, description="Client-side rate limit of Kubernetes calls (per second).")
     kube_burst: int = Field(default=40, ge=1, description="Burst allowed above the Kubernetes QPS limit.")
-    kube_retry_budget_s: float = Field(default=60.0, gt=0, description="Total time a Kubernetes call may spend retrying.")
+    kube_retry_budget_s: float = Field(
+        default=60.0, gt=0, description="Total time a Kubernetes call may spend retrying."
+    )
     taint_key: str = Field(default="gpu-remediator/quarantine", description="Taint key the service adds.")
     xid_app_window_s: int = Field(
         default=86_400, gt=0, description="Window in which repeated application Xids across jobs mean hardware."

@@ -145,7 +145,7 @@ def alert_to_event(alert: AlertmanagerAlert, received_at: datetime) -> FaultEven
             message=_message(alert),
             observed_at=observed,
             received_at=received_at,
-            labels=alert.labels,
+            labels=event_labels(alert.labels),
             recommended_action=signal.action,
         )
     except ValidationError as e:

@@ -114,7 +114,8 @@ async def test_xid79_alert_ends_with_node_tainted_and_drained(alertmanager: tupl
                     break
                 await asyncio.sleep(0.25)
             else:
-                pytest.fail(f"node not remediated in time: taints={taints} left={[p['metadata']['name'] for p in left]}")
+                names = [p["metadata"]["name"] for p in left]
+                pytest.fail(f"node not remediated in time: taints={taints} left={names}")
             daemonset_pods = [p for p in state.pods_on(node) if p["metadata"]["namespace"] in
                               ("gpu-operator", "gpu-remediator")]
             assert daemonset_pods, "drain must leave DaemonSet pods alone"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
-import nats
 import pytest
 
 import handlers  # noqa: F401 - registers the handler families
@@ -143,8 +142,7 @@ async def test_decisions_name_known_playbooks(nats_server: EmbeddedNats, code: i
     from remediator.contracts import PLAYBOOK_NAMES
 
     clock = Clock()
-    nc, js, d = await _setup(nats_server, clock)
+    nc, _js, d = await _setup(nats_server, clock)
     [decision] = await d.handle(xid("gpu-node-5", code, f"e{code}"))
     assert decision.playbook in PLAYBOOK_NAMES
     await nc.close()
-    _ = nats
