@@ -5,8 +5,9 @@ to) and beside the simulated GPU nodes. Drills, demos and benchmarks seed a clus
 ``KubeApiServer`` on it, point the service at the kubeconfig it writes, inject faults, and then read the
 outcome back through this module's Python API (``node``, ``pods_on``, ``job_restarts``, ...).
 
-What it holds: nodes, pods, events, namespaces, PodDisruptionBudgets (policy/v1), DaemonSets (apps/v1),
-Jobs (batch/v1), Leases (coordination.k8s.io/v1) and Kubeflow PyTorchJobs (kubeflow.org/v1). Every
+What it holds: nodes, pods, events, namespaces, PodDisruptionBudgets (policy/v1), DaemonSets, Deployments,
+ReplicaSets and StatefulSets (apps/v1), Jobs (batch/v1), Leases (coordination.k8s.io/v1) and Kubeflow
+PyTorchJobs (kubeflow.org/v1). Every
 object carries ``metadata.uid``, ``creationTimestamp`` and a ``resourceVersion`` taken from one global
 counter bumped on every change; watch events are kept in a bounded history (410 Gone past it).
 
@@ -17,6 +18,14 @@ What runs on every change, synchronously, so a test sees the effect as soon as i
   controller pass that recreates pods of a job bumps the job's ``sim.gpu-remediator.io/restarts``
   annotation, so "the job runs again" is observable; ``restart_job`` deletes and recreates every rank;
 - a DaemonSet controller: a deleted DaemonSet pod comes back on its node (if the node still tolerates it);
+- workload controllers (apps/v1): a Deployment owns one ReplicaSet ``<deployment>-<pod-template-hash>``
+  (``ownerReferences`` with ``controller: true``; a template change creates a new one and scales the old
+  ones to 0 at once, a Recreate rollout); a ReplicaSet keeps ``replicas`` pods ``<rs>-<5 chars>``
+  (replacing a terminating pod at once, as the real controller does); a StatefulSet keeps pods
+  ``<sts>-0`` … ``<sts>-(N-1)`` with stable names (a lost pod comes back under the same name once the old
+  one is gone; all ordinals are created at once, as with ``podManagementPolicy: Parallel``). Their pods
+  go through the scheduler like any other (GPU requests honoured), and their status
+  (``replicas``/``readyReplicas``/``availableReplicas``, Deployment conditions) follows the pods;
 - a scheduler: a pending pod goes to a Ready, schedulable (not ``spec.unschedulable``) node whose
   NoSchedule/NoExecute taints it tolerates, whose labels satisfy its ``nodeSelector`` and that has
   enough free healthy GPUs, scanned round-robin from a rotating start as kube-scheduler does; otherwise it
@@ -43,11 +52,28 @@ node: ``<job>-master-0`` is rank 0, ``<job>-worker-<i>`` is rank ``i + 1``; labe
 ``job-name``). Leftover nodes get Jobs. Training pods live in namespace ``training`` and request
 ``gpus_per_pod`` GPUs (half a node by default, so evicted pods find room elsewhere). Every node also runs
 ``gpu-operator/nvidia-dcgm-exporter`` and ``gpu-remediator/gpu-remediator-agent`` DaemonSet pods, and
-every training job has a PodDisruptionBudget ``<job>-pdb`` that allows one disruption.
+every training job has a PodDisruptionBudget ``<job>-pdb`` that allows one disruption. No Deployments or
+StatefulSets are seeded, so seeded layouts stay as they are; ``add_deployment``/``add_statefulset`` add them.
 
-Deliberate simplifications: deletion is immediate (no graceful termination, no finalizers); pods do
-not complete; a batch/v1 Job deleted without ``propagationPolicy`` orphans its pods, as the real API
-does, while every other owner cascades.
+Waiting: ``wait_for(predicate, timeout)`` re-checks after every change, every request served (so a test
+can wait on ``request_counts``) and every injected fault hit.
+
+Deletion: immediate by default. With ``graceful_deletion`` on (constructor argument or property),
+deleting or evicting a bound, running pod marks it terminating instead, as the kubelet's graceful
+shutdown would: ``metadata.deletionTimestamp`` (now + the grace period) and
+``deletionGracePeriodSeconds`` are set, the pod stays listed (``kubectl get`` shows ``Terminating``) and
+keeps its GPUs, and it disappears once the state's clock passes its deletionTimestamp: on the next API
+request, controller pass or ``tick()``. The grace period is ``gracePeriodSeconds`` from the request, else
+the pod's ``spec.terminationGracePeriodSeconds`` (30); 0, an unscheduled pod or a finished pod go at once.
+A terminating pod does not count as healthy for PodDisruptionBudgets and is evicted without a PDB check;
+Jobs and ReplicaSets replace it at once, fixed-name owners (StatefulSet, PyTorchJob, DaemonSet) once it
+is gone. Cascading deletes from an owner and the NoExecute taint manager go the same way; deleting a
+node or a namespace removes its pods at once.
+
+Deliberate simplifications: no finalizers; pods do not complete; a batch/v1 Job deleted without
+``propagationPolicy`` orphans its pods, as the real API does, while every other owner cascades; workload
+``spec.selector`` and template labels are validated on create only; no PersistentVolumeClaims for
+StatefulSets, no ``/scale`` subresource.
 """
 
 from __future__ import annotations
@@ -55,15 +81,17 @@ from __future__ import annotations
 import base64
 import bisect
 import copy
+import hashlib
 import json
 import random
 import re
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 from chaos.sim.kube_patch import MERGE_PATCH, STRATEGIC_MERGE_PATCH, PatchError, apply_patch
@@ -82,6 +110,11 @@ KUBEFLOW_JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 KUBEFLOW_REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
 KUBEFLOW_REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
 JOB_NAME_LABEL = "job-name"
+POD_TEMPLATE_HASH_LABEL = "pod-template-hash"
+STATEFULSET_POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
+POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
+CONTROLLER_REVISION_HASH_LABEL = "controller-revision-hash"
+DEFAULT_GRACE_PERIOD_S = 30
 KUBERNETES_VERSION = "v1.32.4"
 
 ALL_VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
@@ -120,13 +153,24 @@ RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, "poddisruptionbudget",
                  ("pdb",), ("status",)),
     ResourceType("apps", "v1", "daemonsets", "DaemonSet", True, "daemonset", ("ds",), ("status",), ("all",)),
+    ResourceType("apps", "v1", "deployments", "Deployment", True, "deployment", ("deploy",), ("status",), ("all",)),
+    ResourceType("apps", "v1", "replicasets", "ReplicaSet", True, "replicaset", ("rs",), ("status",), ("all",)),
+    ResourceType("apps", "v1", "statefulsets", "StatefulSet", True, "statefulset", ("sts",), ("status",), ("all",)),
     ResourceType("batch", "v1", "jobs", "Job", True, "job", (), ("status",), ("all",)),
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True, "lease"),
     ResourceType("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob", True, "pytorchjob", (), ("status",)),
 )
 BY_PLURAL: dict[str, ResourceType] = {rt.plural: rt for rt in RESOURCES}
-_OWNER_PLURAL = {"Job": "jobs", "PyTorchJob": "pytorchjobs", "DaemonSet": "daemonsets"}
-_GENERATION_TYPES = frozenset({"daemonsets", "jobs", "pytorchjobs", "poddisruptionbudgets"})
+_OWNER_PLURAL = {"Job": "jobs", "PyTorchJob": "pytorchjobs", "DaemonSet": "daemonsets", "ReplicaSet": "replicasets",
+                 "StatefulSet": "statefulsets", "Deployment": "deployments"}
+# Owners whose lost pods a controller replaces (DaemonSets are handled per node).
+_REPLACING_KINDS = frozenset({"Job", "PyTorchJob", "ReplicaSet", "StatefulSet"})
+# Owners that replace a terminating pod at once (a fresh name); the others wait until its name is free.
+_EAGER_KINDS = frozenset({"Job", "ReplicaSet"})
+# Objects with a spec a controller acts on.
+_CONTROLLED_TYPES = frozenset({"jobs", "pytorchjobs", "deployments", "replicasets", "statefulsets"})
+_WORKLOAD_TYPES = frozenset({"deployments", "replicasets", "statefulsets"})
+_GENERATION_TYPES = frozenset({"daemonsets", "jobs", "pytorchjobs", "poddisruptionbudgets", *_WORKLOAD_TYPES})
 _SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 _REASONS = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 405: "MethodNotAllowed",
             409: "Conflict", 410: "Expired", 415: "UnsupportedMediaType", 422: "Invalid",
@@ -295,6 +339,29 @@ def _terminal(pod: Obj) -> bool:
     return pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
 
 
+def _terminating(obj: Obj) -> bool:
+    return bool(obj["metadata"].get("deletionTimestamp"))
+
+
+def _active(pod: Obj) -> bool:
+    """Neither finished nor on its way out: what controllers and PodDisruptionBudgets count."""
+    return not _terminal(pod) and not _terminating(pod)
+
+
+def _stamp(when: datetime) -> str:
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _template_hash(template: Obj) -> str:
+    """A stable 10-character ``pod-template-hash`` (kube-controller-manager's alphabet) for a pod template."""
+    digest = int.from_bytes(hashlib.sha256(json.dumps(template, sort_keys=True).encode()).digest()[:8], "big")
+    out = []
+    for _ in range(10):
+        digest, i = divmod(digest, len(_SUFFIX_ALPHABET))
+        out.append(_SUFFIX_ALPHABET[i])
+    return "".join(out)
+
+
 def _ready(pod: Obj) -> bool:
     if pod.get("status", {}).get("phase") != "Running":
         return False
@@ -337,12 +404,18 @@ class ClusterState:
     Two faces. The Python API (``node``, ``pods_on``, ``patch``, ``evict``, ``inject_error``, ...) returns
     deep copies the caller owns. The ``api_*`` methods serve ``kube_api`` and return stored objects that
     must not be modified. Both run the controllers before returning.
+
+    ``graceful_deletion`` (off by default: deletion is immediate) makes pod deletion and eviction graceful;
+    see the module docstring.
     """
 
     def __init__(self, *, clock: Callable[[], datetime] | None = None, seed: int = 0,
-                 history: int = 50_000) -> None:
+                 history: int = 50_000, graceful_deletion: bool = False) -> None:
         self._lock = threading.RLock()
-        self._changed = threading.Condition(self._lock)
+        self._changed = threading.Condition(self._lock)    # watchers: the resourceVersion moved
+        self._wakeup = threading.Condition(self._lock)     # wait_for: anything it may look at changed
+        self._graceful = graceful_deletion
+        self._terminating: dict[Key, datetime] = {}         # terminating pods -> when they go
         self._clock = clock or (lambda: datetime.now(UTC))
         self._rng = random.Random(seed)
         self._rv = 1000
@@ -393,6 +466,27 @@ class ClusterState:
         with self._lock:
             return self._rv
 
+    @property
+    def graceful_deletion(self) -> bool:
+        """Whether deleting or evicting a running pod leaves it terminating for its grace period."""
+        return self._graceful
+
+    @graceful_deletion.setter
+    def graceful_deletion(self, enabled: bool) -> None:
+        with self._lock:
+            self._graceful = enabled
+
+    def tick(self) -> None:
+        """Finish the graceful deletions whose grace period has passed on the state's clock (every API
+        request does this too) and run the controllers."""
+        with self._lock:
+            self._tick()
+
+    def terminating_pods(self) -> dict[str, datetime]:
+        """``namespace/name`` -> when it goes, for each pod in graceful termination."""
+        with self._lock:
+            return {f"{ns}/{name}": when for (ns, name), when in sorted(self._terminating.items())}
+
     # --- storage primitives (lock held) ---------------------------------------------------------
 
     def _entry(self, plural: str, namespace: str, name: str) -> StoredObject | None:
@@ -429,6 +523,7 @@ class ClusterState:
         self._record(WatchEvent(self._rv, etype, rt.plural, key[0], obj, prev))
         self._after_change(rt, prev, None if etype == "DELETED" else obj)
         self._changed.notify_all()
+        self._wakeup.notify_all()
         return obj
 
     def _record(self, ev: WatchEvent) -> None:
@@ -465,18 +560,36 @@ class ClusterState:
             self._node_changed(old, new)
         elif rt.plural == "poddisruptionbudgets":
             self._pdb_changed(old, new)
-        elif rt.plural in ("jobs", "pytorchjobs") and new is not None:
-            if old is None or old.get("spec") != new.get("spec"):
+        elif rt.plural in _CONTROLLED_TYPES:
+            if new is not None and (old is None or old.get("spec") != new.get("spec")):
                 self._dirty.owners.add((rt.plural, new["metadata"]["namespace"], new["metadata"]["name"]))
+            if rt.plural == "replicasets":
+                self._replicaset_changed(old, new)
         elif rt.plural == "daemonsets" and new is not None and old is None:
             for node in self._node_order:
                 self._dirty.ds_nodes.add((new["metadata"]["namespace"], new["metadata"]["name"], node))
+
+    def _replicaset_changed(self, old: Obj | None, new: Obj | None) -> None:
+        """A Deployment recreates a lost ReplicaSet and sums its ReplicaSets' status."""
+        rs = new if new is not None else old
+        assert rs is not None
+        ref = _controller(rs)
+        if not ref or ref.get("kind") != "Deployment":
+            return
+        key = ("deployments", rs["metadata"]["namespace"], str(ref["name"]))
+        if new is None:
+            self._dirty.owners.add(key)
+        elif old is None or old.get("status") != new.get("status"):
+            self._dirty.status.add(key)
 
     def _pod_changed(self, old: Obj | None, new: Obj | None) -> None:
         if old is not None:
             self._unindex_pod(old)
         if new is not None:
             self._index_pod(new)
+        else:
+            assert old is not None
+            self._terminating.pop((old["metadata"]["namespace"], old["metadata"]["name"]), None)
         for pod in (old, new):
             if pod is not None:
                 self._mark_pdbs_for(pod)
@@ -489,10 +602,14 @@ class ClusterState:
             if node:
                 self._dirty.sched_nodes.add(node)
             ref = _controller(old)
-            if ref and ref.get("kind") in ("Job", "PyTorchJob"):
+            if ref and ref.get("kind") in _REPLACING_KINDS:
                 self._dirty.owners.add((_OWNER_PLURAL[ref["kind"]], old["metadata"]["namespace"], ref["name"]))
             elif ref and ref.get("kind") == "DaemonSet" and node:
                 self._dirty.ds_nodes.add((old["metadata"]["namespace"], ref["name"], node))
+        elif new is not None and old is not None and _terminating(new) and not _terminating(old):
+            ref = _controller(new)
+            if ref and ref.get("kind") in _EAGER_KINDS:
+                self._dirty.owners.add((_OWNER_PLURAL[ref["kind"]], new["metadata"]["namespace"], ref["name"]))
         if new is not None and not new.get("spec", {}).get("nodeName") and not _terminal(new):
             key = (new["metadata"]["namespace"], new["metadata"]["name"])
             if key not in self._pending:
@@ -589,8 +706,45 @@ class ClusterState:
 
     # --- controllers (lock held) ----------------------------------------------------------------
 
+    def _tick(self) -> None:
+        """Lock held: finish due graceful deletions (and run the controllers) when any pod is terminating."""
+        if self._terminating:
+            self._reconcile()
+
+    def _expire_terminating(self) -> None:
+        """Remove the terminating pods whose deletionTimestamp the clock has passed (one pass, so a gang
+        deleted together goes together)."""
+        if not self._terminating:
+            return
+        now = self._clock()
+        for key in sorted(k for k, when in self._terminating.items() if when <= now):
+            self._terminating.pop(key, None)
+            pod = self._obj("pods", *key)
+            if pod is not None and _terminating(pod):
+                self._remove(BY_PLURAL["pods"], pod)
+
+    def _delete_pod(self, pod: Obj, grace_period: int | None = None) -> Obj:
+        """Delete a pod the way the API server does: at once, or (``graceful_deletion`` on, a bound pod
+        that has not finished, a grace period above 0) by marking it terminating until its grace period
+        ends. A pod already terminating only ever has its deadline brought forward."""
+        spec = pod.get("spec", {})
+        period = grace_period if grace_period is not None else \
+            int(spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_PERIOD_S))
+        if not self._graceful or period <= 0 or not spec.get("nodeName") or _terminal(pod):
+            return self._remove(BY_PLURAL["pods"], pod)
+        meta = pod["metadata"]
+        key = (meta["namespace"], meta["name"])
+        when = self._clock() + timedelta(seconds=period)
+        current = self._terminating.get(key)
+        if _terminating(pod) and current is not None and current <= when:
+            return pod
+        self._terminating[key] = when
+        return self._commit(BY_PLURAL["pods"], {**pod, "metadata": {
+            **meta, "deletionTimestamp": _stamp(when), "deletionGracePeriodSeconds": period}}, "MODIFIED")
+
     def _reconcile(self) -> None:
         """Run the controllers until nothing is left to do (bounded)."""
+        self._expire_terminating()
         for _ in range(20):
             d = self._dirty
             if d.empty():
@@ -634,11 +788,11 @@ class ClusterState:
         noexec = [t for t in node.get("spec", {}).get("taints") or [] if t.get("effect") == "NoExecute"]
         for key in list(self._pods_by_node.get(node_name, {})):
             pod = self._obj("pods", *key)
-            if pod is None:
+            if pod is None or _terminating(pod):
                 continue
             tolerations = pod.get("spec", {}).get("tolerations") or []
             if not all(_tolerates(tolerations, t) for t in noexec):
-                self._remove(BY_PLURAL["pods"], pod)
+                self._delete_pod(pod)
 
     def _owned_pods(self, owner_uid: str) -> list[Obj]:
         pods = []
@@ -652,6 +806,10 @@ class ClusterState:
         owner = self._obj(plural, ns, name)
         if owner is None:
             return
+        if plural == "deployments":
+            self._sync_deployment(owner)
+            self._dirty.status.add((plural, ns, name))
+            return
         pods = [p for p in self._owned_pods(owner["metadata"]["uid"]) if not _terminal(p)]
         created = 0
         if plural == "jobs":
@@ -660,9 +818,14 @@ class ClusterState:
                        for c in owner.get("status", {}).get("conditions") or [])
             if spec.get("suspend") or done:
                 return
-            for _ in range(max(0, int(spec.get("parallelism", 1)) - len(pods))):
+            active = [p for p in pods if not _terminating(p)]
+            for _ in range(max(0, int(spec.get("parallelism", 1)) - len(active))):
                 self._create_job_pod(owner)
                 created += 1
+        elif plural == "replicasets":
+            created = self._sync_replicaset(owner, [p for p in pods if not _terminating(p)])
+        elif plural == "statefulsets":
+            created = self._sync_statefulset(owner, pods)
         else:
             existing = {p["metadata"]["name"] for p in pods}
             world = self._world_size(owner)
@@ -677,7 +840,111 @@ class ClusterState:
 
     def _had_pods(self, owner: Obj) -> bool:
         """Whether the owner ran before (its status saw pods start): a recreation is then a restart."""
-        return bool(owner.get("status", {}).get("startTime"))
+        status = owner.get("status") or {}
+        return bool(status.get("startTime")) or int(status.get("replicas") or 0) > 0
+
+    # --- apps/v1 workload controllers (lock held) -----------------------------------------------
+
+    def _owned_replicasets(self, owner_uid: str) -> list[Obj]:
+        out = []
+        for key in self._sorted_keys("replicasets"):
+            rs = self._obj("replicasets", *key)
+            ref = None if rs is None else _controller(rs)
+            if rs is not None and ref is not None and ref.get("uid") == owner_uid:
+                out.append(rs)
+        return out
+
+    def _sync_deployment(self, dep: Obj) -> None:
+        """One ReplicaSet per pod template: create the current one (or set its replicas), scale the others
+        to 0."""
+        meta, spec = dep["metadata"], dep.get("spec", {})
+        replicas = int(spec.get("replicas", 1))
+        template = spec.get("template") or {}
+        pod_hash = _template_hash(template)
+        owned = self._owned_replicasets(meta["uid"])
+        current = next((rs for rs in owned
+                        if (rs["metadata"].get("labels") or {}).get(POD_TEMPLATE_HASH_LABEL) == pod_hash), None)
+        for rs in owned:
+            if rs is not current and int(rs.get("spec", {}).get("replicas", 0)) != 0:
+                self._set_replicas(rs, 0)
+        if current is not None:
+            if int(current.get("spec", {}).get("replicas", 1)) != replicas:
+                self._set_replicas(current, replicas)
+            return
+        revision = str(1 + max((int((rs["metadata"].get("annotations") or {}).get(
+            "deployment.kubernetes.io/revision", "0")) for rs in owned), default=0))
+        selector = copy.deepcopy(spec.get("selector") or {})
+        selector["matchLabels"] = {**(selector.get("matchLabels") or {}), POD_TEMPLATE_HASH_LABEL: pod_hash}
+        tmeta = copy.deepcopy(template.get("metadata") or {})
+        tmeta["labels"] = {**(tmeta.get("labels") or {}), POD_TEMPLATE_HASH_LABEL: pod_hash}
+        rs_meta = self._new_meta(
+            f"{meta['name']}-{pod_hash}", meta["namespace"], labels=dict(tmeta["labels"]), generation=1,
+            annotations={"deployment.kubernetes.io/revision": revision,
+                         "deployment.kubernetes.io/desired-replicas": str(replicas),
+                         "deployment.kubernetes.io/max-replicas": str(replicas)},
+            ownerReferences=[self._owner_ref(dep, BY_PLURAL["deployments"])])
+        if self._obj("replicasets", meta["namespace"], rs_meta["name"]) is not None:
+            return  # a ReplicaSet of that name that is not ours: leave it, as the real controller would not adopt
+        rs = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": rs_meta,
+              "spec": {"replicas": replicas, "minReadySeconds": int(spec.get("minReadySeconds", 0)),
+                       "selector": selector, "template": {**copy.deepcopy(template), "metadata": tmeta}}}
+        self._commit(BY_PLURAL["replicasets"], rs, "ADDED")
+        ann = {**(meta.get("annotations") or {}), "deployment.kubernetes.io/revision": revision}
+        self._put(BY_PLURAL["deployments"], {**dep, "metadata": {**meta, "annotations": ann}})
+
+    def _set_replicas(self, rs: Obj, replicas: int) -> None:
+        ann = {**(rs["metadata"].get("annotations") or {})}
+        if "deployment.kubernetes.io/desired-replicas" in ann:
+            ann["deployment.kubernetes.io/desired-replicas"] = str(replicas)
+        meta = {**rs["metadata"], "annotations": ann, "generation": int(rs["metadata"].get("generation", 1)) + 1}
+        self._put(BY_PLURAL["replicasets"], {**rs, "metadata": meta, "spec": {**rs["spec"], "replicas": replicas}})
+
+    def _sync_replicaset(self, rs: Obj, active: list[Obj]) -> int:
+        """Create pods up to ``replicas`` (returns how many); past it, delete the surplus (unscheduled first,
+        then the newest)."""
+        want = int(rs.get("spec", {}).get("replicas", 1))
+        for _ in range(want - len(active)):
+            meta = rs["metadata"]
+            pod = self._pod_from_template(rs["spec"].get("template") or {}, name=f"{meta['name']}-{self._suffix()}",
+                                          namespace=meta["namespace"], labels={}, owner=rs,
+                                          owner_rt=BY_PLURAL["replicasets"], restart_policy="Always")
+            self._add_pod(pod, None)
+        newest_first = sorted(active, key=lambda p: (p["metadata"].get("creationTimestamp", ""),
+                                                     _natural_key(p["metadata"]["name"])), reverse=True)
+        surplus = sorted(newest_first, key=lambda p: bool(p.get("spec", {}).get("nodeName")))
+        for pod in surplus[:max(0, len(active) - want)]:
+            self._delete_pod(pod)
+        return max(0, want - len(active))
+
+    def _sync_statefulset(self, sts: Obj, pods: list[Obj]) -> int:
+        """Keep ``<sts>-0`` … ``<sts>-(replicas-1)``: create each missing ordinal (once the old pod of that
+        name is gone), delete ordinals at or past ``replicas``. Returns how many pods it created."""
+        meta, spec = sts["metadata"], sts.get("spec", {})
+        want = int(spec.get("replicas", 1))
+        created = 0
+        for i in range(want):
+            if self._obj("pods", meta["namespace"], f"{meta['name']}-{i}") is None:
+                self._create_stateful_pod(sts, i)
+                created += 1
+        prefix = f"{meta['name']}-"
+        for pod in pods:
+            ordinal = pod["metadata"]["name"][len(prefix):]
+            if not _terminating(pod) and ordinal.isdigit() and int(ordinal) >= want:
+                self._delete_pod(pod)
+        return created
+
+    def _create_stateful_pod(self, sts: Obj, ordinal: int) -> Obj:
+        meta, spec = sts["metadata"], sts.get("spec", {})
+        name = f"{meta['name']}-{ordinal}"
+        labels = {CONTROLLER_REVISION_HASH_LABEL: f"{meta['name']}-{_template_hash(spec.get('template') or {})}",
+                  STATEFULSET_POD_NAME_LABEL: name, POD_INDEX_LABEL: str(ordinal)}
+        pod = self._pod_from_template(spec.get("template") or {}, name=name, namespace=meta["namespace"],
+                                      labels=labels, owner=sts, owner_rt=BY_PLURAL["statefulsets"],
+                                      restart_policy="Always")
+        pod["spec"]["hostname"] = name
+        if spec.get("serviceName"):
+            pod["spec"]["subdomain"] = spec["serviceName"]
+        return self._add_pod(pod, None)
 
     @staticmethod
     def _ranks(ptj: Obj) -> list[tuple[str, int, int]]:
@@ -904,9 +1171,23 @@ class ClusterState:
         owner = self._obj(plural, ns, name)
         if owner is None:
             return
-        pods = [p for p in self._owned_pods(owner["metadata"]["uid"]) if not _terminal(p)]
+        if plural == "deployments":
+            self._sync_deployment_status(owner)
+            return
+        pods = [p for p in self._owned_pods(owner["metadata"]["uid"]) if _active(p)]
         status = dict(owner.get("status") or {})
-        if plural == "jobs":
+        generation = owner["metadata"].get("generation", 1)
+        if plural in ("replicasets", "statefulsets"):
+            ready = sum(1 for p in pods if _ready(p))
+            status.update({"replicas": len(pods), "readyReplicas": ready, "availableReplicas": ready,
+                           "observedGeneration": generation})
+            if plural == "replicasets":
+                status["fullyLabeledReplicas"] = len(pods)
+            else:
+                revision = f"{owner['metadata']['name']}-{_template_hash(owner['spec'].get('template') or {})}"
+                status.update({"currentReplicas": len(pods), "updatedReplicas": len(pods),
+                               "currentRevision": revision, "updateRevision": revision, "collisionCount": 0})
+        elif plural == "jobs":
             status["active"] = len(pods)
             status["ready"] = sum(1 for p in pods if _ready(p))
             status.setdefault("uncountedTerminatedPods", {})
@@ -935,6 +1216,52 @@ class ClusterState:
                            "observedGeneration": owner["metadata"].get("generation", 1)})
         if status != owner.get("status"):
             self._put(BY_PLURAL[plural], {**owner, "status": status})
+
+    def _sync_deployment_status(self, dep: Obj) -> None:
+        spec = dep.get("spec", {})
+        desired = int(spec.get("replicas", 1))
+        pod_hash = _template_hash(spec.get("template") or {})
+        owned = self._owned_replicasets(dep["metadata"]["uid"])
+        counts: Counter[str] = Counter()
+        for rs in owned:
+            st = rs.get("status") or {}
+            for k in ("replicas", "readyReplicas", "availableReplicas"):
+                counts[k] += int(st.get(k) or 0)
+            if (rs["metadata"].get("labels") or {}).get(POD_TEMPLATE_HASH_LABEL) == pod_hash:
+                counts["updatedReplicas"] += int(st.get("replicas") or 0)
+        available = counts["availableReplicas"]
+        old: dict[str, Obj] = {str(c.get("type")): c for c in (dep.get("status") or {}).get("conditions") or []}
+        now = self._ts()
+
+        def condition(ctype: str, ok: bool, reason: str, message: str) -> Obj:
+            prev = old.get(ctype)
+            status = "True" if ok else "False"
+            if prev is not None and prev.get("status") == status and prev.get("reason") == reason:
+                return prev
+            return {"type": ctype, "status": status, "reason": reason, "message": message, "lastUpdateTime": now,
+                    "lastTransitionTime": now}
+
+        current = next((rs for rs in owned
+                        if (rs["metadata"].get("labels") or {}).get(POD_TEMPLATE_HASH_LABEL) == pod_hash), None)
+        rs_name = current["metadata"]["name"] if current is not None else dep["metadata"]["name"]
+        done = counts["updatedReplicas"] == desired and available >= desired and counts["replicas"] == desired
+        status: Obj = {
+            "observedGeneration": dep["metadata"].get("generation", 1),
+            "replicas": counts["replicas"], "updatedReplicas": counts["updatedReplicas"],
+            "readyReplicas": counts["readyReplicas"], "availableReplicas": available,
+            "unavailableReplicas": max(0, desired - available),
+            "conditions": [
+                condition("Available", available >= desired,
+                          "MinimumReplicasAvailable" if available >= desired else "MinimumReplicasUnavailable",
+                          "Deployment has minimum availability." if available >= desired
+                          else "Deployment does not have minimum availability."),
+                condition("Progressing", True, "NewReplicaSetAvailable" if done else "ReplicaSetUpdated",
+                          f'ReplicaSet "{rs_name}" has successfully progressed.' if done
+                          else f'ReplicaSet "{rs_name}" is progressing.'),
+            ],
+        }
+        if status != dep.get("status"):
+            self._put(BY_PLURAL["deployments"], {**dep, "status": status})
 
     def _ptj_conditions(self, conds: list[Obj], running: bool) -> list[Obj]:
         now = self._ts()
@@ -979,7 +1306,7 @@ class ClusterState:
         key = (pdb["metadata"]["namespace"], pdb["metadata"]["name"])
         spec = pdb.get("spec", {})
         pods = [p for p in self._pods_matching(key[0], LabelSelector.from_api(spec.get("selector")))
-                if not _terminal(p)]
+                if _active(p)]
         expected = len(pods)
         healthy = sum(1 for p in pods if _ready(p))
 
@@ -1020,6 +1347,7 @@ class ClusterState:
     def api_get(self, rt: ResourceType, namespace: str, name: str) -> StoredObject:
         """The stored object or ``ApiError`` 404."""
         with self._lock:
+            self._tick()
             entry = self._entry(rt.plural, namespace if rt.namespaced else "", name)
             if entry is None:
                 raise ApiError.not_found(rt, name)
@@ -1035,6 +1363,7 @@ class ClusterState:
         except SelectorError as exc:
             raise ApiError(400, str(exc)) from exc
         with self._lock:
+            self._tick()
             start: Key | None = None
             if continue_token:
                 try:
@@ -1090,6 +1419,7 @@ class ClusterState:
         """Create ``body``; 409 AlreadyExists, 400/422 for a body that does not fit the request."""
         obj = self._validate_body(rt, namespace, body)
         with self._lock:
+            self._tick()
             meta = dict(obj.get("metadata") or {})
             ns = meta.get("namespace", "") if rt.namespaced else ""
             if rt.namespaced and self._obj("namespaces", "", ns) is None:
@@ -1127,9 +1457,55 @@ class ClusterState:
                 obj = self._bound(obj, node, indices or [])
         elif rt.plural == "namespaces":
             obj = {**obj, "spec": obj.get("spec") or {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}}
+        elif rt.plural in _WORKLOAD_TYPES:
+            obj = {k: v for k, v in obj.items() if k != "status"}
+            obj["spec"] = self._workload_spec(rt, obj["metadata"]["name"], obj.get("spec"))
         elif "status" in rt.subresources and rt.plural != "nodes":
             obj = {k: v for k, v in obj.items() if k != "status"}
         return obj
+
+    @staticmethod
+    def _workload_spec(rt: ResourceType, name: str, spec: Any) -> Obj:
+        """A Deployment/ReplicaSet/StatefulSet spec validated (422 as the API server words it) and defaulted."""
+        def invalid(field_path: str, why: str) -> ApiError:
+            return ApiError(422, f'{rt.kind}.{rt.group} "{name}" is invalid: {field_path}: {why}',
+                            details={"name": name, "group": rt.group, "kind": rt.kind,
+                                     "causes": [{"reason": "FieldValueInvalid", "message": why,
+                                                 "field": field_path}]})
+
+        if not isinstance(spec, dict):
+            raise invalid("spec", "Required value")
+        selector = spec.get("selector")
+        if not isinstance(selector, dict) or not (selector.get("matchLabels") or selector.get("matchExpressions")):
+            raise invalid("spec.selector", "Required value")
+        template = spec.get("template")
+        if not isinstance(template, dict) or not isinstance(template.get("spec"), dict) or \
+                not template["spec"].get("containers"):
+            raise invalid("spec.template.spec.containers", "Required value")
+        tlabels = (template.get("metadata") or {}).get("labels") or {}
+        try:
+            matches = LabelSelector.from_api(selector).matches(tlabels)
+        except SelectorError as exc:
+            raise invalid("spec.selector", str(exc)) from exc
+        if not matches:
+            raise invalid("spec.template.metadata.labels", f"Invalid value: {json.dumps(tlabels)}: `selector` "
+                                                           "does not match template `labels`")
+        replicas = spec.get("replicas", 1)
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+            raise invalid("spec.replicas", f"Invalid value: {replicas!r}: must be greater than or equal to 0")
+        out = {**spec, "replicas": replicas}
+        out.setdefault("revisionHistoryLimit", 10)
+        if rt.plural == "deployments":
+            out.setdefault("strategy", {"type": "RollingUpdate",
+                                        "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}})
+            out.setdefault("progressDeadlineSeconds", 600)
+        elif rt.plural == "statefulsets":
+            out.setdefault("podManagementPolicy", "OrderedReady")
+            out.setdefault("updateStrategy", {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}})
+            out.setdefault("persistentVolumeClaimRetentionPolicy", {"whenDeleted": "Retain", "whenScaled": "Retain"})
+        if rt.plural == "replicasets":
+            out.pop("revisionHistoryLimit")
+        return out
 
     def _validate_body(self, rt: ResourceType, namespace: str | None, body: Any) -> Obj:
         if not isinstance(body, dict):
@@ -1159,6 +1535,7 @@ class ClusterState:
         obj = self._validate_body(rt, namespace, body)
         ns = (namespace or "") if rt.namespaced else ""
         with self._lock:
+            self._tick()
             current = self._obj(rt.plural, ns, name)
             if current is None:
                 raise ApiError.not_found(rt, name)
@@ -1181,6 +1558,7 @@ class ClusterState:
                                 "application/apply-patch+yaml")
         ns = (namespace or "") if rt.namespaced else ""
         with self._lock:
+            self._tick()
             current = self._obj(rt.plural, ns, name)
             if current is None:
                 raise ApiError.not_found(rt, name)
@@ -1199,7 +1577,8 @@ class ClusterState:
 
     def _write(self, rt: ResourceType, current: Obj, new: Obj, subresource: str | None, dry_run: bool) -> Obj:
         """Commit an update of ``current`` to ``new``, keeping what a client cannot change."""
-        keep = ("name", "namespace", "uid", "creationTimestamp", "generation", "deletionTimestamp")
+        keep = ("name", "namespace", "uid", "creationTimestamp", "generation", "deletionTimestamp",
+                "deletionGracePeriodSeconds")
         cmeta = current["metadata"]
         if subresource == "status":
             new = {**current, "status": new.get("status")}
@@ -1224,41 +1603,58 @@ class ClusterState:
 
     def api_delete(self, rt: ResourceType, namespace: str | None, name: str, *, propagation: str | None = None,
                    precondition_uid: str | None = None, precondition_rv: str | None = None,
-                   dry_run: bool = False) -> Obj:
-        """Delete now; dependents cascade unless ``propagation`` is Orphan (batch/v1 Job default)."""
+                   grace_period: int | None = None, dry_run: bool = False) -> Obj:
+        """Delete (a pod gracefully when ``graceful_deletion`` is on); dependents cascade unless
+        ``propagation`` is Orphan (batch/v1 Job default). Returns the object as deleted, or as now
+        terminating."""
         ns = (namespace or "") if rt.namespaced else ""
         with self._lock:
+            self._tick()
             current = self._obj(rt.plural, ns, name)
             if current is None:
                 raise ApiError.not_found(rt, name)
-            if precondition_uid and precondition_uid != current["metadata"]["uid"]:
-                raise ApiError.conflict(rt, name, f"Precondition failed: UID in precondition: {precondition_uid}, "
-                                                  f"UID in object meta: {current['metadata']['uid']}")
-            if precondition_rv and precondition_rv != current["metadata"]["resourceVersion"]:
-                raise ApiError.conflict(rt, name, "Precondition failed: ResourceVersion in precondition: "
-                                                  f"{precondition_rv}, ResourceVersion in object meta: "
-                                                  f"{current['metadata']['resourceVersion']}")
+            self._check_preconditions(rt, current, precondition_uid, precondition_rv)
             if dry_run:
                 return current
-            deleted = self._delete_now(rt, current, propagation)
+            deleted = self._delete_now(rt, current, propagation, grace_period)
             self._reconcile()
             return deleted
 
-    def _delete_now(self, rt: ResourceType, obj: Obj, propagation: str | None) -> Obj:
+    @staticmethod
+    def _check_preconditions(rt: ResourceType, current: Obj, uid: str | None, rv: str | None) -> None:
+        name = current["metadata"]["name"]
+        if uid and uid != current["metadata"]["uid"]:
+            raise ApiError.conflict(rt, name, f"Precondition failed: UID in precondition: {uid}, "
+                                              f"UID in object meta: {current['metadata']['uid']}")
+        if rv and rv != current["metadata"]["resourceVersion"]:
+            raise ApiError.conflict(rt, name, "Precondition failed: ResourceVersion in precondition: "
+                                              f"{rv}, ResourceVersion in object meta: "
+                                              f"{current['metadata']['resourceVersion']}")
+
+    def _delete_now(self, rt: ResourceType, obj: Obj, propagation: str | None,
+                    grace_period: int | None = None) -> Obj:
+        if rt.plural == "pods":
+            return self._delete_pod(obj, grace_period)
         if propagation is None:
             propagation = "Orphan" if rt.plural == "jobs" else "Background"
         deleted = self._remove(rt, obj)
         uid = obj["metadata"]["uid"]
-        if rt.plural in ("jobs", "pytorchjobs", "daemonsets"):
-            for pod in self._owned_pods(uid):
+        if rt.plural in _CONTROLLED_TYPES or rt.plural == "daemonsets":
+            dependents = [(BY_PLURAL["pods"], p) for p in self._owned_pods(uid)]
+            if rt.plural == "deployments":
+                dependents = [(BY_PLURAL["replicasets"], rs) for rs in self._owned_replicasets(uid)]
+            for dep_rt, dep in dependents:
                 if propagation == "Orphan":
-                    refs = [r for r in pod["metadata"].get("ownerReferences") or [] if r.get("uid") != uid]
-                    meta = {k: v for k, v in pod["metadata"].items() if k != "ownerReferences"}
+                    refs = [r for r in dep["metadata"].get("ownerReferences") or [] if r.get("uid") != uid]
+                    meta = {k: v for k, v in dep["metadata"].items() if k != "ownerReferences"}
                     if refs:
                         meta["ownerReferences"] = refs
-                    self._put(BY_PLURAL["pods"], {**pod, "metadata": meta})
+                    self._put(dep_rt, {**dep, "metadata": meta})
+                elif dep_rt.plural == "pods":
+                    if not _terminating(dep):
+                        self._delete_pod(dep)
                 else:
-                    self._remove(BY_PLURAL["pods"], pod)
+                    self._delete_now(dep_rt, dep, propagation)
         elif rt.plural == "nodes":
             for key in list(self._pods_by_node.get(obj["metadata"]["name"], {})):
                 bound = self._obj("pods", *key)
@@ -1275,34 +1671,48 @@ class ClusterState:
 
     def api_delete_collection(self, rt: ResourceType, namespace: str | None, *, label_selector: str | None = None,
                               field_selector: str | None = None, propagation: str | None = None,
-                              dry_run: bool = False) -> list[Obj]:
+                              grace_period: int | None = None, dry_run: bool = False) -> list[Obj]:
         """Delete every match in one controller pass (so a gang restart counts once)."""
         with self._lock:
             found = self.api_list(rt, namespace, label_selector=label_selector, field_selector=field_selector)
             objs = [e.obj for e in found.entries]
             if dry_run:
                 return objs
-            deleted = [self._delete_now(rt, o, propagation) for o in objs
+            deleted = [self._delete_now(rt, o, propagation, grace_period) for o in objs
                        if self._obj(rt.plural, o["metadata"].get("namespace", "") if rt.namespaced else "",
                                     o["metadata"]["name"]) is not None]
             self._reconcile()
             return deleted
 
     def api_evict(self, namespace: str, name: str, body: Any = None, *, dry_run: bool = False) -> None:
-        """The pods/eviction subresource: 429 when a PodDisruptionBudget has no disruption left."""
+        """The pods/eviction subresource: 409 when ``deleteOptions.preconditions`` (uid, resourceVersion)
+        do not match the pod, 429 when a PodDisruptionBudget has no disruption left; then the pod is deleted
+        (gracefully when ``graceful_deletion`` is on, with ``deleteOptions.gracePeriodSeconds`` if given).
+        A pod already terminating is deleted again without a PodDisruptionBudget check."""
         pods = BY_PLURAL["pods"]
+        options: Obj = {}
         if body is not None:
             if not isinstance(body, dict):
                 raise ApiError(400, "the request body must be an Eviction object")
             bname = (body.get("metadata") or {}).get("name")
             if bname not in (None, name):
                 raise ApiError(400, "name in URL does not match name in Eviction object")
+            raw_options = body.get("deleteOptions")
+            if raw_options is not None and not isinstance(raw_options, dict):
+                raise ApiError(400, "deleteOptions must be an object")
+            options = raw_options or {}
+        pre = options.get("preconditions") or {}
+        grace = options.get("gracePeriodSeconds")
+        if not isinstance(pre, dict) or (grace is not None and not isinstance(grace, int)):
+            raise ApiError(400, "deleteOptions.preconditions must be an object and gracePeriodSeconds an integer")
         with self._lock:
+            self._tick()
             pod = self._obj("pods", namespace, name)
             if pod is None:
                 raise ApiError.not_found(pods, name)
+            self._check_preconditions(pods, pod, pre.get("uid"), pre.get("resourceVersion"))
             phase = pod.get("status", {}).get("phase")
-            if phase == "Running":
+            if phase == "Running" and not _terminating(pod):
                 pdbs = self._pdbs_for(pod)
                 if len(pdbs) > 1:
                     raise ApiError(500, "This pod has more than one PodDisruptionBudget, which the eviction "
@@ -1318,7 +1728,7 @@ class ClusterState:
                                                       f"{desired} healthy pods and has {healthy} currently"}]})
             if dry_run:
                 return
-            self._remove(pods, pod)
+            self._delete_pod(pod, grace)
             self._reconcile()
 
     # --- watch ----------------------------------------------------------------------------------
@@ -1326,6 +1736,7 @@ class ClusterState:
     def events_since(self, rv: int) -> list[WatchEvent]:
         """Every change after ``rv``; ``ApiError`` 410 when ``rv`` is older than the kept history."""
         with self._lock:
+            self._tick()
             if rv < self._history_floor:
                 raise ApiError(410, f"too old resource version: {rv} ({self._history_floor})")
             i = bisect.bisect_right(self._history_rvs, rv)
@@ -1338,13 +1749,24 @@ class ClusterState:
                 self._changed.wait(timeout)
 
     def wake_watchers(self) -> None:
-        with self._changed:
+        with self._lock:
             self._changed.notify_all()
+            self._wakeup.notify_all()
 
     def wait_for(self, predicate: Callable[[ClusterState], bool], timeout: float) -> bool:
-        """Wait until ``predicate(self)`` holds (checked after every change); False on timeout."""
-        with self._changed:
-            return self._changed.wait_for(lambda: predicate(self), timeout)
+        """Wait until ``predicate(self)`` holds; False after ``timeout`` seconds. It is checked after every
+        change, every request served (``request_counts``), every fault hit, and every 50 ms while pods are
+        terminating (their grace period runs on the state's clock)."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while True:
+                self._tick()
+                if predicate(self):
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._wakeup.wait(min(left, 0.05) if self._terminating else left)
 
     # --- chaos hooks ----------------------------------------------------------------------------
 
@@ -1395,12 +1817,15 @@ class ClusterState:
                 f.hits += 1
                 if f.remaining is not None:
                     f.remaining -= 1
+                self._wakeup.notify_all()
             self._faults = [f for f in self._faults if f.remaining is None or f.remaining > 0]
             return latency, error
 
     def record_request(self, verb: str, resource: str) -> None:
+        """Count one request served and wake ``wait_for`` callers (watchers are not woken)."""
         with self._lock:
             self._counts[f"{verb} {resource}"] += 1
+            self._wakeup.notify_all()
 
     def request_counts(self) -> dict[str, int]:
         """Requests served, keyed ``"<verb> <resource>"``: ``"patch nodes"``, ``"create pods/eviction"``,
@@ -1448,13 +1873,23 @@ class ClusterState:
                                     subresource=subresource))
 
     def delete(self, resource: str | ResourceType, name: str, namespace: str | None = None, *,
-               propagation: str | None = None) -> Obj:
-        """Delete now; ``propagation`` Orphan/Background/Foreground (batch/v1 Jobs default to Orphan)."""
-        return _copy(self.api_delete(resource_type(resource), namespace, name, propagation=propagation))
+               propagation: str | None = None, grace_period: int | None = None) -> Obj:
+        """Delete; ``propagation`` Orphan/Background/Foreground (batch/v1 Jobs default to Orphan);
+        ``grace_period`` for a pod when ``graceful_deletion`` is on."""
+        return _copy(self.api_delete(resource_type(resource), namespace, name, propagation=propagation,
+                                     grace_period=grace_period))
 
-    def evict(self, namespace: str, name: str) -> None:
-        """Evict a pod as the Eviction API would (``ApiError`` 429 when a PDB refuses)."""
-        self.api_evict(namespace, name)
+    def evict(self, namespace: str, name: str, *, uid: str | None = None, grace_period: int | None = None) -> None:
+        """Evict a pod as the Eviction API would (``ApiError`` 409 when ``uid`` is not the pod's, 429 when a
+        PDB refuses)."""
+        options: Obj = {}
+        if uid is not None:
+            options["preconditions"] = {"uid": uid}
+        if grace_period is not None:
+            options["gracePeriodSeconds"] = grace_period
+        self.api_evict(namespace, name, {"apiVersion": "policy/v1", "kind": "Eviction",
+                                         "metadata": {"name": name, "namespace": namespace},
+                                         "deleteOptions": options})
 
     def node(self, name: str) -> Obj:
         return self.get("nodes", name)
@@ -1475,13 +1910,15 @@ class ClusterState:
         return self.list_objects("pods", namespace, label_selector=label_selector, field_selector=field_selector)
 
     def pods_on(self, node: str) -> list[Obj]:
-        """Pods bound to ``node``, sorted by namespace and name."""
+        """Pods bound to ``node`` (terminating ones included), sorted by namespace and name."""
         with self._lock:
+            self._tick()
             return [_copy(self._store["pods"][k].obj) for k in sorted(self._pods_by_node.get(node, {}))
                     if k in self._store["pods"]]
 
     def pending_pods(self) -> list[Obj]:
         with self._lock:
+            self._tick()
             return [_copy(self._store["pods"][k].obj) for k in sorted(self._pending) if k in self._store["pods"]]
 
     def is_cordoned(self, node: str) -> bool:
@@ -1566,7 +2003,8 @@ class ClusterState:
             return _copy(pdbs[0]) if pdbs else None
 
     def owner_of(self, namespace: str, pod: str) -> tuple[str, str, str] | None:
-        """``(kind, namespace, name)`` of the pod's controller (Job, PyTorchJob, DaemonSet), if any."""
+        """``(kind, namespace, name)`` of the pod's controller (Job, PyTorchJob, DaemonSet, ReplicaSet,
+        StatefulSet), if any."""
         ref = _controller(self.pod(namespace, pod))
         return None if ref is None else (str(ref["kind"]), namespace, str(ref["name"]))
 
@@ -1581,41 +2019,90 @@ class ClusterState:
                     found.append(item)
         return found
 
-    def job_pods(self, kind: str, namespace: str, name: str) -> list[Obj]:
-        """Live pods of a Job or PyTorchJob; PyTorchJob pods ordered by rank (master-0 first)."""
+    def _controller_obj(self, kind: str, namespace: str, name: str) -> tuple[str, Obj]:
         plural = _OWNER_PLURAL.get(kind)
-        if plural is None:
-            raise ValueError(f"unknown job kind {kind!r}: use 'Job' or 'PyTorchJob'")
+        if plural is None or plural == "daemonsets":
+            raise ValueError(f"unknown job kind {kind!r}: use one of Job, PyTorchJob, Deployment, ReplicaSet, "
+                             "StatefulSet")
+        owner = self._obj(plural, namespace, name)
+        if owner is None:
+            raise ApiError.not_found(BY_PLURAL[plural], name)
+        return plural, owner
+
+    def _controlled_pods(self, plural: str, owner: Obj) -> list[Obj]:
+        """The pods a controller object owns (a Deployment's through its ReplicaSets), terminating included."""
+        if plural == "deployments":
+            return [p for rs in self._owned_replicasets(owner["metadata"]["uid"])
+                    for p in self._owned_pods(rs["metadata"]["uid"])]
+        return self._owned_pods(owner["metadata"]["uid"])
+
+    def job_pods(self, kind: str, namespace: str, name: str) -> list[Obj]:
+        """Live pods (neither finished nor terminating) of a Job, PyTorchJob, Deployment, ReplicaSet or
+        StatefulSet, ordered by rank (PyTorchJob: master-0 first), then by name in natural order."""
         with self._lock:
-            owner = self._obj(plural, namespace, name)
-            if owner is None:
-                raise ApiError.not_found(BY_PLURAL[plural], name)
-            pods = [_copy(p) for p in self._owned_pods(owner["metadata"]["uid"]) if not _terminal(p)]
+            self._tick()
+            plural, owner = self._controller_obj(kind, namespace, name)
+            pods = [_copy(p) for p in self._controlled_pods(plural, owner) if _active(p)]
         return sorted(pods, key=_rank_key)
 
     def job_restarts(self, kind: str, namespace: str, name: str) -> int:
         """How many controller passes recreated pods of the job (the ``sim.gpu-remediator.io/restarts``
-        annotation); 0 for a job that never lost a pod."""
-        plural = _OWNER_PLURAL.get(kind)
-        if plural is None:
-            raise ValueError(f"unknown job kind {kind!r}: use 'Job' or 'PyTorchJob'")
-        owner = self.get(plural, name, namespace)
-        return int((owner["metadata"].get("annotations") or {}).get(RESTARTS_ANNOTATION, "0"))
+        annotation; a Deployment's is the sum over its ReplicaSets); 0 for a job that never lost a pod."""
+        with self._lock:
+            plural, owner = self._controller_obj(kind, namespace, name)
+            counted = self._owned_replicasets(owner["metadata"]["uid"]) if plural == "deployments" else [owner]
+            return sum(int((o["metadata"].get("annotations") or {}).get(RESTARTS_ANNOTATION, "0")) for o in counted)
 
     def restart_job(self, kind: str, namespace: str, name: str) -> list[Obj]:
-        """Delete every pod of the job at once and let the controller recreate the whole gang (one
-        restart); returns the new pods."""
-        plural = _OWNER_PLURAL.get(kind)
-        if plural is None or plural == "daemonsets":
-            raise ValueError(f"unknown job kind {kind!r}: use 'Job' or 'PyTorchJob'")
+        """Delete every pod of a Job, PyTorchJob, ReplicaSet or StatefulSet at once, immediately even with
+        ``graceful_deletion`` on, and let the controller recreate the whole gang (one restart); returns the
+        new pods. A Deployment restarts through its ReplicaSet."""
+        if kind == "Deployment":
+            raise ValueError("unknown job kind 'Deployment' for restart_job: restart its ReplicaSet")
         with self._lock:
-            owner = self._obj(plural, namespace, name)
-            if owner is None:
-                raise ApiError.not_found(BY_PLURAL[plural], name)
-            for pod in self._owned_pods(owner["metadata"]["uid"]):
+            plural, owner = self._controller_obj(kind, namespace, name)
+            for pod in self._controlled_pods(plural, owner):
                 self._remove(BY_PLURAL["pods"], pod)
             self._reconcile()
         return self.job_pods(kind, namespace, name)
+
+    def add_deployment(self, namespace: str, name: str, *, replicas: int = 1, gpus_per_pod: int = 0,
+                       labels: dict[str, str] | None = None, node_selector: dict[str, str] | None = None,
+                       image: str = "nvcr.io/nvidia/tritonserver:24.05-py3") -> Obj:
+        """Create an apps/v1 Deployment (and the namespace if missing) whose pods request ``gpus_per_pod``
+        GPUs; its controller creates the ReplicaSet and the scheduler places the pods before this returns.
+        ``labels`` (default ``app: <name>``) are the selector and the pod labels."""
+        return self.create("deployments", self._workload(namespace, name, replicas, gpus_per_pod, labels,
+                                                         node_selector, image, "Deployment"), namespace)
+
+    def add_statefulset(self, namespace: str, name: str, *, replicas: int = 1, gpus_per_pod: int = 0,
+                        labels: dict[str, str] | None = None, node_selector: dict[str, str] | None = None,
+                        image: str = "nvcr.io/nvidia/pytorch:24.05-py3", service_name: str | None = None) -> Obj:
+        """Create an apps/v1 StatefulSet (and the namespace if missing): pods ``<name>-0`` …
+        ``<name>-(replicas-1)`` requesting ``gpus_per_pod`` GPUs each, placed by the scheduler."""
+        obj = self._workload(namespace, name, replicas, gpus_per_pod, labels, node_selector, image, "StatefulSet")
+        obj["spec"]["serviceName"] = service_name or name
+        return self.create("statefulsets", obj, namespace)
+
+    def _workload(self, namespace: str, name: str, replicas: int, gpus: int, labels: dict[str, str] | None,
+                  node_selector: dict[str, str] | None, image: str, kind: str) -> Obj:
+        if replicas < 0 or gpus < 0:
+            raise ValueError("replicas and gpus_per_pod must not be negative")
+        with self._lock:
+            if self._obj("namespaces", "", namespace) is None:
+                self.create("namespaces", {"metadata": {"name": namespace,
+                                                        "labels": {"kubernetes.io/metadata.name": namespace}}})
+        match = dict(labels or {"app": name})
+        container: Obj = {"name": name, "image": image, "resources": {}}
+        if gpus:
+            container["resources"] = {"limits": {GPU_RESOURCE: str(gpus)}, "requests": {GPU_RESOURCE: str(gpus)}}
+        pod_spec: Obj = {"containers": [container]}
+        if node_selector:
+            pod_spec["nodeSelector"] = dict(node_selector)
+        return {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name, "namespace": namespace,
+                                                                    "labels": dict(match)},
+                "spec": {"replicas": replicas, "selector": {"matchLabels": dict(match)},
+                         "template": {"metadata": {"labels": dict(match)}, "spec": pod_spec}}}
 
     def events(self, namespace: str | None = None) -> list[Obj]:
         """Kubernetes Events (core v1) created through the API."""
@@ -1627,12 +2114,12 @@ class ClusterState:
             return {plural: len(objs) for plural, objs in self._store.items()}
 
 
-def _rank_key(pod: Obj) -> tuple[int, str]:
+def _rank_key(pod: Obj) -> tuple[int, tuple[Any, ...]]:
     for c in pod.get("spec", {}).get("containers", []):
         for e in c.get("env") or []:
             if e.get("name") == "RANK" and str(e.get("value", "")).isdigit():
-                return int(e["value"]), pod["metadata"]["name"]
-    return 0, pod["metadata"]["name"]
+                return int(e["value"]), _natural_key(pod["metadata"]["name"])
+    return 0, _natural_key(pod["metadata"]["name"])
 
 
 def _copy(obj: Obj) -> Obj:
@@ -1649,18 +2136,20 @@ def _pool_name(k: int) -> str:
 
 def seed_cluster(nodes: int, gpus_per_node: int = 8, pools: int = 1, *, gpus_per_pod: int | None = None,
                  pytorchjob_ranks: int = 2, clock: Callable[[], datetime] | None = None,
-                 seed: int = 0) -> ClusterState:
+                 seed: int = 0, graceful_deletion: bool = False) -> ClusterState:
     """A cluster of ``nodes`` GPU nodes with training jobs, DaemonSets and PDBs (see the module docstring).
 
     ``pools`` splits the nodes into contiguous blocks ``pool-a``, ``pool-b``, …; ``gpus_per_pod``
     defaults to half a node; ``pytorchjob_ranks`` is the number of nodes (one rank each) per PyTorchJob.
+    No Deployments or StatefulSets are seeded: add them with ``add_deployment``/``add_statefulset``.
+    ``graceful_deletion`` turns graceful pod termination on from the start (``ClusterState``).
     """
     if nodes < 0 or gpus_per_node < 1 or pools < 1 or pytorchjob_ranks < 1:
         raise ValueError("nodes >= 0, gpus_per_node >= 1, pools >= 1 and pytorchjob_ranks >= 1 are required")
     per_pod = gpus_per_pod if gpus_per_pod is not None else max(1, gpus_per_node // 2)
     if not 1 <= per_pod <= gpus_per_node:
         raise ValueError("gpus_per_pod must be between 1 and gpus_per_node")
-    state = ClusterState(clock=clock, seed=seed)
+    state = ClusterState(clock=clock, seed=seed, graceful_deletion=graceful_deletion)
     with state._lock:
         _Seeder(state, gpus_per_node, per_pod).seed(nodes, pools, pytorchjob_ranks)
     return state

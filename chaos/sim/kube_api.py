@@ -12,10 +12,13 @@ that only tells kubectl the server validates fields itself (so ``kubectl create/
 schemas); resource paths for every type in ``cluster.RESOURCES`` with
 get, list (selectors, ``limit``/``continue``), watch (chunked, ``resourceVersion``, ``timeoutSeconds``,
 410 past the kept history), create, update (409 on a stale ``resourceVersion``), patch (JSON merge,
-strategic merge, JSON patch), delete, deletecollection, the ``status`` subresources and
-``pods/<name>/eviction`` (policy/v1, 429 when a PodDisruptionBudget refuses). Errors are ``Status``
-objects. A request whose ``Accept`` asks for ``as=Table`` (what ``kubectl get`` sends) gets a
-``meta.k8s.io/v1`` Table with kubectl's usual columns.
+strategic merge, JSON patch), delete and deletecollection (``propagationPolicy``, ``preconditions``,
+``gracePeriodSeconds`` from the query or the DeleteOptions body), the ``status`` subresources and
+``pods/<name>/eviction`` (policy/v1: 409 when ``deleteOptions.preconditions`` name another pod, 429 when
+a PodDisruptionBudget refuses). Errors are ``Status`` objects. A request whose ``Accept`` asks for
+``as=Table`` (what ``kubectl get`` sends) gets a ``meta.k8s.io/v1`` Table with kubectl's usual columns
+(nodes, pods, PDBs, DaemonSets, Deployments, ReplicaSets, StatefulSets, Jobs, PyTorchJobs, leases,
+events).
 
 Performance: a ``ThreadingHTTPServer`` (one thread per connection) with HTTP/1.1 keep-alive, Nagle off,
 and each response written in one ``send`` with its ``Content-Length``; list responses splice objects'
@@ -329,6 +332,41 @@ def _ds_cells(o: Obj, now: datetime) -> list[Any]:
             ",".join(c.get("image", "") for c in containers), ",".join(f"{k}={v}" for k, v in match.items())]
 
 
+def _containers(o: Obj) -> tuple[str, str]:
+    containers = o.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])
+    return ",".join(c.get("name", "") for c in containers), ",".join(c.get("image", "") for c in containers)
+
+
+def _selector_text(o: Obj) -> str:
+    selector = o.get("spec", {}).get("selector") or {}
+    parts = [f"{k}={v}" for k, v in (selector.get("matchLabels") or {}).items()]
+    for e in selector.get("matchExpressions") or []:
+        parts.append(f"{e.get('key')} {str(e.get('operator', '')).lower()} ({','.join(e.get('values') or [])})")
+    return ",".join(parts) or "<none>"
+
+
+def _deploy_cells(o: Obj, now: datetime) -> list[Any]:
+    st = o.get("status", {})
+    names, images = _containers(o)
+    return [o["metadata"]["name"], f"{st.get('readyReplicas', 0)}/{o.get('spec', {}).get('replicas', 1)}",
+            st.get("updatedReplicas", 0), st.get("availableReplicas", 0), _age(o, now), names, images,
+            _selector_text(o)]
+
+
+def _rs_cells(o: Obj, now: datetime) -> list[Any]:
+    st = o.get("status", {})
+    names, images = _containers(o)
+    return [o["metadata"]["name"], o.get("spec", {}).get("replicas", 1), st.get("replicas", 0),
+            st.get("readyReplicas", 0), _age(o, now), names, images, _selector_text(o)]
+
+
+def _sts_cells(o: Obj, now: datetime) -> list[Any]:
+    st = o.get("status", {})
+    names, images = _containers(o)
+    return [o["metadata"]["name"], f"{st.get('readyReplicas', 0)}/{o.get('spec', {}).get('replicas', 1)}",
+            _age(o, now), names, images]
+
+
 def _job_cells(o: Obj, now: datetime) -> list[Any]:
     st = o.get("status", {})
     conds = {c.get("type"): c.get("status") for c in st.get("conditions") or []}
@@ -376,6 +414,14 @@ _TABLES: dict[str, tuple[list[Column], Cells]] = {
                     ("Ready", "integer", 0), ("Up-to-date", "integer", 0), ("Available", "integer", 0),
                     ("Node Selector", "string", 0), ("Age", "string", 0), ("Containers", "string", 1),
                     ("Images", "string", 1), ("Selector", "string", 1)], _ds_cells),
+    "deployments": ([("Name", "string", 0), ("Ready", "string", 0), ("Up-to-date", "integer", 0),
+                     ("Available", "integer", 0), ("Age", "string", 0), ("Containers", "string", 1),
+                     ("Images", "string", 1), ("Selector", "string", 1)], _deploy_cells),
+    "replicasets": ([("Name", "string", 0), ("Desired", "integer", 0), ("Current", "integer", 0),
+                     ("Ready", "integer", 0), ("Age", "string", 0), ("Containers", "string", 1),
+                     ("Images", "string", 1), ("Selector", "string", 1)], _rs_cells),
+    "statefulsets": ([("Name", "string", 0), ("Ready", "string", 0), ("Age", "string", 0),
+                      ("Containers", "string", 1), ("Images", "string", 1)], _sts_cells),
     "jobs": ([("Name", "string", 0), ("Status", "string", 0), ("Completions", "string", 0),
               ("Duration", "string", 0), ("Age", "string", 0)], _job_cells),
     "pytorchjobs": ([("Name", "string", 0), ("State", "string", 0), ("Age", "string", 0)], _ptj_cells),
@@ -604,7 +650,22 @@ def _watch_type(ev: WatchEvent, rt: ResourceType, namespace: str | None,
 def _dry_run(query: dict[str, str], body: Any) -> bool:
     if query.get("dryRun") == "All":
         return True
-    return isinstance(body, dict) and "All" in (body.get("dryRun") or [])
+    if not isinstance(body, dict):
+        return False
+    options = body.get("deleteOptions") if body.get("kind") == "Eviction" else None
+    return "All" in (body.get("dryRun") or []) or (isinstance(options, dict) and "All" in (options.get("dryRun") or []))
+
+
+def _grace_period(query: dict[str, str], opts: Obj) -> int | None:
+    """``gracePeriodSeconds`` from the query (what the client sends first) or the DeleteOptions body."""
+    raw = query.get("gracePeriodSeconds")
+    value: Any = raw if raw not in (None, "") else opts.get("gracePeriodSeconds")
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError) as exc:
+        raise ApiError(400, f"gracePeriodSeconds must be an integer, not {value!r}") from exc
 
 
 def _decode(body: bytes) -> Any:
@@ -767,10 +828,11 @@ class KubeApiServer:
             return _Response(200, _dumps(st.api_delete(rt, ns, name, propagation=propagation,
                                                        precondition_uid=pre.get("uid"),
                                                        precondition_rv=pre.get("resourceVersion"),
+                                                       grace_period=_grace_period(query, opts),
                                                        dry_run=_dry_run(query, opts))))
         deleted = st.api_delete_collection(rt, ns, label_selector=query.get("labelSelector"),
                                            field_selector=query.get("fieldSelector"), propagation=propagation,
-                                           dry_run=_dry_run(query, opts))
+                                           grace_period=_grace_period(query, opts), dry_run=_dry_run(query, opts))
         return _Response(200, _dumps({"kind": f"{rt.kind}List", "apiVersion": rt.api_version,
                                       "metadata": {"resourceVersion": str(st.resource_version)},
                                       "items": deleted}))

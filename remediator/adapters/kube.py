@@ -885,11 +885,13 @@ class KubeAdapter:
     ) -> KubeChange:
         """Evict the pods of ``node`` through the Eviction API and wait until they are gone.
 
-        Skipped (listed in ``after["skipped"]`` with a reason): DaemonSet pods, mirror pods, pods already
-        terminating, finished pods (Succeeded/Failed), and pods ``pod_filter`` rejects. A
+        Skipped (listed in ``after["skipped"]`` with a reason): DaemonSet pods, mirror pods, finished pods
+        (Succeeded/Failed), pods ``pod_filter`` rejects, and pods already terminating, which are not evicted
+        again but are waited for like the evicted ones (so a drain run again after a ``DrainTimeout`` goes
+        on waiting instead of calling a node with terminating pods drained). A
         PodDisruptionBudget refusal (429) is retried with jittered exponential backoff, honouring
         ``Retry-After``, until ``timeout_s`` (default: the adapter's drain timeout), which bounds the whole
-        drain including the wait for evicted pods to terminate; then ``DrainTimeout`` names the pods left.
+        drain including the wait for pods to terminate; then ``DrainTimeout`` names the pods left.
         ``grace_period_s`` overrides the pods' termination grace period (default: the adapter's
         ``drain_grace_period_s``; an adapter built with ``drain_grace_period_s=None`` leaves each pod its own).
 
@@ -908,25 +910,28 @@ class KubeAdapter:
 
         pods = self.pods_on_node(node)
         targets: dict[str, dict[str, Any]] = {}
+        terminating: dict[str, dict[str, Any]] = {}
         skipped: list[dict[str, Any]] = []
         for pod in pods:
+            key = str(pod["uid"] or f"{pod['namespace']}/{pod['name']}")
             reason = None
             if pod["daemonset"]:
                 reason = "DaemonSet pod"
             elif pod["mirror"]:
                 reason = "mirror pod"
-            elif pod["terminating"]:
-                reason = "already terminating"
             elif pod["phase"] in ("Succeeded", "Failed"):
                 reason = f"finished ({pod['phase']})"
             elif pod_filter is not None and not pod_filter(pod):
                 reason = "not selected"
+            elif pod["terminating"]:
+                reason = "already terminating"
+                terminating[key] = pod
             if reason:
                 skipped.append({**_brief(pod), "reason": reason})
             else:
-                targets[str(pod["uid"] or f"{pod['namespace']}/{pod['name']}")] = pod
+                targets[key] = pod
         before = {"node": node, "pods": [_brief(p) for p in pods]}
-        if not targets:
+        if not targets and not terminating:
             say(f"{node}: nothing to evict")
             return KubeChange(
                 False, before, {"node": node, "evicted": [], "skipped": skipped, "gone": []},
@@ -974,7 +979,7 @@ class KubeAdapter:
             say(f"{len(pending)} pods blocked by a PodDisruptionBudget ({names}); retrying in {min(delay, left):.1f}s")
             self._sleep(min(delay, left))
 
-        waiting = dict(evicted)
+        waiting = {**terminating, **evicted}
         while waiting:
             present = {str(p["uid"]) for p in self.pods_on_node(node) if p["uid"]}
             waiting = {k: p for k, p in waiting.items() if str(p["uid"]) in present}
@@ -988,7 +993,7 @@ class KubeAdapter:
                     [{**_brief(p), "reason": "still terminating"} for p in waiting.values()],
                     [_brief(p) for p in evicted.values()],
                 )
-            say(f"waiting for {len(waiting)} evicted pods to terminate")
+            say(f"waiting for {len(waiting)} pods to terminate")
             self._sleep(min(self._poll_interval_s, left))
 
         after = {
@@ -997,7 +1002,10 @@ class KubeAdapter:
             "skipped": skipped,
             "gone": gone,
         }
-        return KubeChange(bool(evicted), before, after, f"evicted {len(evicted)} pods from {node}")
+        detail = f"evicted {len(evicted)} pods from {node}"
+        if terminating:
+            detail += f"; waited for {len(terminating)} pods already terminating"
+        return KubeChange(bool(evicted), before, after, detail)
 
     def evict_pods_on_gpu(
         self,

@@ -452,7 +452,7 @@ def test_restart_job_restarts_every_rank_of_a_pytorchjob_once_per_restart_id(
     assert all(after[name]["metadata"]["uid"] != uid for name, uid in before.items())
     assert all(p["spec"].get("nodeName") for p in after.values())
     assert cluster.job_restarts("PyTorchJob", NS, "pytorch-0") == 1  # the gang went at once
-    annotations = cluster.get("pytorchjobs", NS, "pytorch-0")["metadata"]["annotations"]
+    annotations = cluster.get("pytorchjobs", "pytorch-0", NS)["metadata"]["annotations"]
     assert annotations[RESTART_ID_ANNOTATION] == "inc-7/step-4"
     assert annotations[RESTARTED_AT_ANNOTATION] == change.after["restarted_at"]
 
