@@ -46,7 +46,7 @@ from remediator.subjects import (
     node_key,
     remediation_subject,
 )
-from remediator.telemetry import span, trace_id_of
+from remediator.telemetry import span, trace_id_of, traceparent_of
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,8 @@ class Dispatcher:
 
     # --- one event ----------------------------------------------------------------------------------
 
-    async def handle(self, event: FaultEvent, trace_id: str | None = None) -> list[Decision]:
+    async def handle(self, event: FaultEvent, trace_id: str | None = None,
+                     traceparent: str | None = None) -> list[Decision]:
         """Decide on one event; returns the decisions published (re-published ones included)."""
         self.stats.events += 1
         specs = self._registry.for_event(event)
@@ -146,7 +147,7 @@ class Dispatcher:
                 decision = verdict.decision
                 if decision.incident_id not in {d.incident_id for d in published}:
                     await self._store_decision(decision)  # the snapshot may have been stale
-                    await self._publish_decision(decision)
+                    await self._publish_decision(decision, traceparent)
                     published.append(decision)
                 self.stats.decisions += 1
                 await audit(
@@ -176,9 +177,12 @@ class Dispatcher:
     async def _store_decision(self, decision: Decision) -> None:
         await self._kv.put(decision_key(decision.incident_id), decision.model_dump_json().encode())
 
-    async def _publish_decision(self, decision: Decision) -> None:
+    async def _publish_decision(self, decision: Decision, traceparent: str | None = None) -> None:
+        headers = {"Nats-Msg-Id": f"decision|{decision.incident_id}"}
+        if traceparent:
+            headers["traceparent"] = traceparent
         await self._js.publish(remediation_subject(decision.node), decision.model_dump_json().encode(),
-                               headers={"Nats-Msg-Id": f"decision|{decision.incident_id}"})
+                               headers=headers)
 
     async def _republish_opened(self, key: str, event: FaultEvent) -> list[Decision]:
         """A redelivered event: re-publish the decisions of incidents it opened (JetStream drops repeats)."""
@@ -208,7 +212,7 @@ class Dispatcher:
             except ValidationError as exc:
                 raise PermanentError(f"not a FaultEvent v1: {exc.errors()[0]['msg']}") from exc
             with span("dispatch", msg.headers) as sp:
-                await self.handle(event, trace_id=trace_id_of(sp))
+                await self.handle(event, trace_id=trace_id_of(sp), traceparent=traceparent_of(sp))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # mapped to ack/nak/term by settle, the one place that decides

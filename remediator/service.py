@@ -14,7 +14,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -41,6 +41,14 @@ from remediator.settings import Settings
 log = logging.getLogger(__name__)
 
 assert handlers  # importing the package registers every handler in REGISTRY
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn inside our event loop: signals belong to the process owner (``serve``), not to uvicorn."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 def default_actor() -> str:
@@ -100,8 +108,7 @@ class Service:
             app = create_app(settings=s, nc=self.nc, js=self.js, audit=self.audit)
             config = uvicorn.Config(app, host=s.http_host, port=s.http_port, log_level="warning",
                                     access_log=False, lifespan="off")
-            self._http = uvicorn.Server(config)
-            self._http.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+            self._http = _EmbeddedServer(config)
             self._tasks.append(asyncio.create_task(self._http.serve(), name="http"))
             while not self._http.started:
                 if self._tasks[-1].done():

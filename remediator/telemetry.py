@@ -10,6 +10,7 @@ still created (their ids are what the audit trail needs) and simply not shipped 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
@@ -21,6 +22,12 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 TRACEPARENT = "traceparent"
 _propagator = TraceContextTextMapPropagator()
 _configured = False
+
+
+def new_traceparent() -> str:
+    """A fresh W3C ``traceparent`` (sampled) for a request that arrived without one: two random ids, no SDK
+    on the ingest hot path; the hops after it continue the trace through real spans."""
+    return f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01"
 
 
 def setup_tracing(service_name: str = "gpu-remediator") -> None:

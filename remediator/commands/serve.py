@@ -7,9 +7,11 @@ Where it sits: the production entry point; builds ``Settings`` from the environm
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import sys
+from typing import Any
 
 import click
 
@@ -28,13 +30,18 @@ def serve(kubeconfig: str | None, nats_url: str | None, http: str | None, dry_ru
     """Run the service: ingest, handlers and executor against one cluster."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}')
-    overrides = {k: v for k, v in {"kubeconfig": kubeconfig, "nats_url": nats_url, "http": http,
-                                   "dry_run": dry_run, "data_dir": data_dir}.items() if v is not None}
+    given = {"kubeconfig": kubeconfig, "nats_url": nats_url, "http": http, "dry_run": dry_run, "data_dir": data_dir}
+    overrides: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
     try:
         settings = Settings(**overrides)
     except Exception as exc:
         raise click.UsageError(str(exc)) from exc
-    asyncio.run(_serve(settings))
+    try:
+        import uvloop
+
+        uvloop.run(_serve(settings))
+    except ImportError:  # uvloop is optional (uvicorn[standard] brings it); asyncio's loop works too
+        asyncio.run(_serve(settings))
 
 
 async def _serve(settings: Settings) -> None:
@@ -45,6 +52,10 @@ async def _serve(settings: Settings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: asyncio.ensure_future(service.stop()))
     await service.start()
+    # Everything allocated so far lives for the whole process: keep it out of the collector's way
+    # (full collections cost about 15 % of the ingest path's CPU otherwise).
+    gc.collect()
+    gc.freeze()
     click.echo(f"remediator serving on {service.http_url}, bus {service.nats_url}", err=True)
     try:
         await service.wait()

@@ -52,6 +52,7 @@ from remediator.bus import bus_ready, publish_event
 from remediator.contracts import AlertmanagerAlert, AlertmanagerPayload, FaultEvent, InboundEvent, utcnow
 from remediator.ingest.alerts import AlertError, alert_event_id, alert_to_event
 from remediator.settings import Settings
+from remediator.telemetry import new_traceparent
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +230,8 @@ class _Ingest:
                 break
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         tp = traceparent.decode("latin-1") if traceparent is not None else None
-        return body, tp if tp is not None and _TRACEPARENT.fullmatch(tp) else None
+        # a request without a (valid) trace starts one: the audit records it causes all carry its id
+        return body, tp if tp is not None and _TRACEPARENT.fullmatch(tp) else new_traceparent()
 
     # --- endpoints -------------------------------------------------------------------------------
 

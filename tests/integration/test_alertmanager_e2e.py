@@ -121,3 +121,28 @@ async def test_xid79_alert_ends_with_node_tainted_and_drained(alertmanager: tupl
             assert daemonset_pods, "drain must leave DaemonSet pods alone"
             others = [state.node(f"gpu-node-{i}") for i in (0, 1, 3)]
             assert not any(o["spec"].get("unschedulable") for o in others), "only the failing node is touched"
+
+
+async def test_one_trace_from_webhook_to_the_audit_trail(tmp_path: Path) -> None:
+    """A webhook without a traceparent starts a trace; dispatch continues it into the audit records."""
+    from remediator.audit import iter_records
+
+    state = seed_cluster(nodes=2)
+    with KubeApiServer(state) as kube, EmbeddedNats() as nats_server:
+        settings = Settings(nats_url=nats_server.url, http=f"127.0.0.1:{free_port()}",
+                            kubeconfig=str(kube.write_kubeconfig(tmp_path / "kubeconfig")), drain_grace_period_s=0)
+        async with Service(settings) as service, httpx.AsyncClient() as client:
+            trace = "0af7651916cd43dd8448eb211c80319c"
+            payload = {"version": "4", "status": "firing", "alerts": [{
+                "status": "firing", "fingerprint": "f00d", "startsAt": "2026-11-30T03:12:00Z",
+                "labels": {"alertname": "GPUXidError", "Hostname": "gpu-node-1", "gpu": "0", "xid": "13"}}]}
+            r = await client.post(f"{service.http_url}/v1/alertmanager", json=payload,
+                                  headers={"traceparent": f"00-{trace}-b7ad6b7169203331-01"})
+            assert r.status_code == 200, r.text
+            assert service.js is not None
+            for _ in range(100):
+                records = [x async for x in iter_records(service.js, "gpu-node-1")]
+                if any(x.what == "event_ignored" for x in records):
+                    break
+                await asyncio.sleep(0.1)
+            assert {x.trace_id for x in records} == {trace}

@@ -101,7 +101,7 @@ async def test_redelivery_after_crash_republishes_the_same_decision(nats_server:
     nc, js, d = await _setup(nats_server, clock)
     real_publish = d._publish_decision
 
-    async def crash(decision: Decision) -> None:
+    async def crash(decision: Decision, traceparent: str | None = None) -> None:
         raise ConnectionError("process died before the publish")
 
     d._publish_decision = crash  # type: ignore[method-assign]

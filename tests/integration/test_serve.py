@@ -1,0 +1,46 @@
+"""``remediator serve`` as an operator runs it: a subprocess against the simulator, stopped by SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from chaos.sim import KubeApiServer, seed_cluster
+from remediator.natsd import EmbeddedNats, free_port
+
+
+def test_serve_runs_until_sigterm(tmp_path: Path) -> None:
+    with KubeApiServer(seed_cluster(nodes=2)) as kube, EmbeddedNats() as nats_server:
+        kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+        port = free_port()
+        env = {**os.environ, "REMEDIATOR_API_TOKENS": "t0k3n"}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "remediator.cli", "serve", "--kubeconfig", str(kubeconfig),
+             "--nats", nats_server.url, "--http", f"127.0.0.1:{port}"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                time.sleep(0.2)
+            else:
+                raise AssertionError("serve did not become ready")
+            assert httpx.get(f"{base}/healthz").status_code == 200
+            assert httpx.post(f"{base}/v1/events", json=[]).status_code == 401  # a token is configured
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err[-3000:]
+        assert "serving on" in err
