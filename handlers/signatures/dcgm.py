@@ -81,6 +81,7 @@ _ALERT_ONLY: dict[str, MetricRule] = {
     "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": MetricRule("thermal", None),
     "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": MetricRule("thermal", None),
 }
+_CLOCK_REASONS = ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS")
 # Clock event reasons that are thermal: SW thermal (0x20), HW thermal (0x40), HW slowdown (0x8).
 _THERMAL_REASONS = 0x20 | 0x40 | 0x08
 
@@ -161,25 +162,30 @@ def classify_dcgm_series(text: str) -> Signal | None:
     return None
 
 
+def _as_int(value: float | None) -> int:
+    return int(value) if value is not None and math.isfinite(value) else 0
+
+
 def _metric_signal(name: str, labels: Mapping[str, str], value: float | None, *, series: bool) -> Signal | None:
     if name in _XID_METRICS:
         code = to_int(labels.get("xid") or labels.get("err_code"))
+        if code is not None and code < 0:
+            code = None
         if code is None and name != "DCGM_EXP_XID_ERRORS_COUNT" and value is not None and value >= 1:
-            code = int(value)
+            code = _as_int(value)
         if code is None or code == 0:
             return None
         return _with_gpu(xid_signal(code, extra=_label_detail(labels, name, value)), labels)
     rule = METRICS.get(name)
     if rule is None and not series:
         rule = _ALERT_ONLY.get(name)
-    if rule is None and series and name in ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"):
-        if value is not None and int(value) & _THERMAL_REASONS:
-            rule = _ALERT_ONLY[name]
+    if rule is None and series and name in _CLOCK_REASONS and _as_int(value) & _THERMAL_REASONS:
+        rule = _ALERT_ONLY[name]
     if rule is None:
         return None
     playbook = rule.playbook
     if name == "DCGM_FI_DEV_GPU_RECOVERY_ACTION" and value is not None:
-        playbook = "node-reboot" if int(value) in (2, 5, 6, 7) else "gpu-reset"
+        playbook = "node-reboot" if _as_int(value) in (2, 5, 6, 7) else "gpu-reset"
     sig = Signal(kind=rule.kind, code=name, playbook=playbook, is_fatal=rule.is_fatal,
                  detail=freeze(_label_detail(labels, name, value)))
     return _with_gpu(sig, labels)
@@ -219,7 +225,8 @@ def node_from_alert_labels(labels: Mapping[str, str]) -> str | None:
 
 def gpu_from_alert_labels(labels: Mapping[str, str]) -> tuple[int | None, str | None, str | None]:
     """``(index, uuid, pci_bus_id)`` of an alert's GPU; index from ``gpu`` or ``device`` ``nvidiaN``."""
-    index = to_int((labels.get("gpu") or "").strip() or None)
+    raw = (labels.get("gpu") or "").strip()
+    index = int(raw) if raw.isascii() and raw.isdigit() else None
     if index is None:
         m = _DEVICE_NUM_RE.match((labels.get("device") or "").strip())
         index = int(m.group(1)) if m else None
@@ -301,7 +308,7 @@ def signal_from_alert(labels: Mapping[str, str], annotations: Mapping[str, str],
     alertname = labels.get("alertname", "")
     code = to_int((labels.get("xid") or labels.get("err_code") or "").strip() or None)
     if code is not None:
-        if code == 0:
+        if code <= 0:
             return None
         return _with_gpu(xid_signal(code, extra=_label_detail(labels, "xid", value)), labels)
     texts = [labels.get("__name__", ""), alertname, *(str(v) for v in annotations.values())]

@@ -9,15 +9,16 @@ formats; NVIDIA's own regex (NVSentinel) misses the old form without ``PCI:``, t
 
 Also recognised: Xid 154 recovery-action lines (the new action goes to ``detail["recovery_action"]`` and
 picks the playbook), Xid 45 "caused by previous Xid N" (``detail["caused_by_xid"]``), NVLink5 Xid 144-150
-(decoded by ``handlers.signatures.nvlink5``), the k8s-device-plugin's ``XidCriticalError: Xid=N`` and NVML
-event lines, GKE's ``XidCriticalError`` node condition and EKS's ``NvidiaXID<N>Error`` reasons.
+(decoded by ``handlers.signatures.nvlink5`` into ``detail["nvlink"]`` and the scalars
+``detail["nvlink_decoded_action"]``, ``nvlink_subcode``, ``nvlink_link``, ...), the k8s-device-plugin's
+``XidCriticalError: Xid=N``, NVML event and "device marked unhealthy" lines, GKE's ``XidCriticalError`` node
+condition, EKS's ``NvidiaXID<N>Error`` reasons, and prose that names an Xid or SXid without parentheses.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from types import MappingProxyType
 
 from handlers.signatures.model import Signal, catalog_view, freeze, pci_or_none, to_int
 from handlers.signatures.nvlink5 import NVLINK5_XIDS, decode_nvlink5
@@ -30,6 +31,11 @@ _XID_RE = re.compile(
     r"[)\]]\s*[:,]?\s*(?P<code>\d{1,5})\b(?P<rest>.*)",
     re.IGNORECASE | re.DOTALL,
 )
+# Last resort for prose that names an Xid without the kernel's parentheses ("XID 79 detected on GPU ...").
+_LOOSE_XID_RE = re.compile(r"(?<![a-z0-9_])xids?(?:[ _-]?errors?)?\s*(?:code|number|no\.?)?\s*[:=#]?\s*(\d{1,3})\b",
+                           re.IGNORECASE)
+_LOOSE_SXID_RE = re.compile(r"(?:(?P<sw>nvidia-nvswitch\d*)\s*:\s*)?(?<![a-z0-9_])sxid\s*[:=#]?\s*(?P<pci>)"
+                            r"(?P<code>\d{4,6})\b(?P<rest>.*)", re.IGNORECASE | re.DOTALL)
 _PID_RE = re.compile(r"\bpid\s*=\s*'?(?P<pid><unknown>|\d+)'?", re.IGNORECASE)
 _NAME_RE = re.compile(r"\bname\s*=\s*(?P<name><unknown>|[^,\s]+)", re.IGNORECASE)
 _CH_RE = re.compile(r"\bch(?:annel)?\s+(?P<ch>[0-9a-f]{4,8})\b", re.IGNORECASE)
@@ -59,6 +65,8 @@ _IDENTITY_RE = re.compile(
     r"nvrm:\s*gpu\s+at\s+(?:pci\s*:\s*)?(?P<pci>" + _PCI + r")\s*:\s*(?P<uuid>gpu-[0-9a-f-]{8,})",
     re.IGNORECASE,
 )
+# The device plugin after an Xid: "'nvidia.com/gpu' device marked unhealthy: GPU-...".
+_UNHEALTHY_RE = re.compile(r"'?([\w./-]*gpu[\w./-]*)'?\s+device\s+marked\s+unhealthy", re.IGNORECASE)
 _OFF_BUS_RE = re.compile(r"fallen\s+off\s+the\s+bus", re.IGNORECASE)
 # A bare PCI id needs its domain (a time of day such as 11:38:47 has the same shape without one).
 _ANY_PCI_RE = re.compile(
@@ -68,7 +76,7 @@ _ANY_PCI_RE = re.compile(
 _UUID_RE = re.compile(r"\bGPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b")
 # No-Xid GPU failures: GPU gone (NVML), adapter init failed, GSP heartbeat lost, reset required.
 _LOST_RE = re.compile(
-    r"gpu\s*is\s*lost|nvmlerror_gpuislost|nvml_error_gpu_is_lost|\bgpu\s+lost\b",
+    r"gpu[\s_]*is[\s_]*lost",
     re.IGNORECASE,
 )
 _INIT_FAIL_RE = re.compile(r"rminitadapter\s+failed|rm_init_adapter\s+failed", re.IGNORECASE)
@@ -123,7 +131,8 @@ def xid_signal(code: int, pci: str | None = None, rest: str = "", *, gpu_uuid: s
     """The ``xid`` signal for ``code``, with the catalog's action and playbook and the line's particulars."""
     view = catalog_view(code)
     detail: dict[str, object] = dict(extra or {})
-    detail["mig_gi"] = mig_gi
+    if mig_gi is not None:
+        detail["mig_gi"] = mig_gi
     playbook = view.playbook
     is_fatal = view.is_fatal
     if rest:
@@ -158,33 +167,56 @@ def xid_signal(code: int, pci: str | None = None, rest: str = "", *, gpu_uuid: s
     if code in NVLINK5_XIDS and rest:
         decoded = decode_nvlink5(code, rest)
         if decoded is not None:
-            detail["nvlink"] = MappingProxyType(decoded.as_detail())
+            nv = decoded.as_detail()
+            detail["nvlink"] = nv
+            # Scalars too, for consumers that keep only scalar detail (event labels).
+            for key in ("subcode", "link", "intr_info", "error_status", "decoded_action", "investigatory_action"):
+                detail[f"nvlink_{key}"] = nv[key]
             is_fatal = decoded.is_fatal
     return Signal(kind="xid", code=code, xid=code, pci_bus_id=pci, gpu_uuid=gpu_uuid, action=view.action,
                   playbook=playbook, is_fatal=is_fatal, detail=freeze(detail))
 
 
-def classify_kernel(text: str) -> Signal | None:
+def classify_kernel(text: str, low: str | None = None) -> Signal | None:
     """The kernel/device-plugin signal in one unwrapped line, or None (identity lines are not faults)."""
-    m = _XID_RE.search(text)
-    if m is not None and not _is_sxid_at(text, m.start()):
-        return xid_signal(int(m.group("code")), pci_or_none(m.group("pci")), m.group("rest"),
-                          gpu_uuid=_uuid_in(text), mig_gi=to_int(m.group("gi")))
-    s = _SXID_RE.search(text)
-    if s is not None:
-        return _sxid_signal(s)
-    sig = _orchestrator_xid(text)
-    if sig is not None:
-        return sig
-    if _OFF_BUS_RE.search(text) or _LOST_RE.search(text):
-        return _gpu_lost(text, "fallen_off_the_bus" if _OFF_BUS_RE.search(text) else "gpu_is_lost", "gpu-lost")
-    if _INIT_FAIL_RE.search(text):
+    if low is None:
+        low = text.lower()
+    if "xid" in low:
+        m = _XID_RE.search(text)
+        if m is not None and not _is_sxid_at(text, m.start()):
+            return xid_signal(int(m.group("code")), pci_or_none(m.group("pci")), m.group("rest"),
+                              gpu_uuid=_uuid_in(text), mig_gi=to_int(m.group("gi")))
+        s = _SXID_RE.search(text) or _LOOSE_SXID_RE.search(text)
+        if s is not None:
+            return _sxid_signal(s)
+        sig = _orchestrator_xid(text)
+        if sig is not None:
+            return sig
+        loose = _LOOSE_XID_RE.search(text)
+        if loose is not None and int(loose.group(1)) > 0:
+            return xid_signal(int(loose.group(1)), _pci_in(text), text[loose.end():], gpu_uuid=_uuid_in(text))
+    elif "eventdata" in low:
+        sig = _orchestrator_xid(text)
+        if sig is not None:
+            return sig
+    if "unhealthy" in low:
+        u = _UNHEALTHY_RE.search(text)
+        if u is not None:
+            return Signal(kind="health_check", code="device_marked_unhealthy", gpu_uuid=_uuid_in(text),
+                          is_fatal=True, detail=freeze({"reporter": "k8s-device-plugin", "resource": u.group(1)}))
+    if "off the bus" in low:
+        return _gpu_lost(text, "fallen_off_the_bus", "gpu-lost")
+    if "lost" in low and _LOST_RE.search(text):
+        return _gpu_lost(text, "gpu_is_lost", "gpu-lost")
+    if "nvrm" not in low and "heartbeat" not in low:
+        return None
+    if "adapter" in low and _INIT_FAIL_RE.search(text):
         return _gpu_lost(text, "rm_init_adapter_failed", "gpu-lost")
-    if _GSP_HB_RE.search(text):
+    if "heartbeat" in low and _GSP_HB_RE.search(text):
         return _gpu_lost(text, "gsp_heartbeat_timeout", "gsp-hang")
-    if _RESET_REQ_RE.search(text):
+    if "reset_required" in low:
         return _gpu_lost(text, "NV_ERR_RESET_REQUIRED", "gpu-reset")
-    if _RETIRE_FAIL_RE.search(text):
+    if "retirement" in low and _RETIRE_FAIL_RE.search(text):
         return Signal(kind="ecc", code="page_retirement_failed", pci_bus_id=_pci_in(text),
                       gpu_uuid=_uuid_in(text), playbook="memory-retirement-failure", is_fatal=True,
                       detail=freeze({"message": text.strip()[:512]}))

@@ -81,6 +81,9 @@ def unwrap_line(line: str) -> str:
     (trailing newline removed).
     """
     text = line.rstrip("\r\n")
+    head = text.lstrip()[:1]
+    if not head or (head not in "{\"" and not (head.isdigit() and _CRI_RE.match(text))):
+        return _unescape(text) if "\\" in text and _ESCAPE_RE.search(text) else text
     for _ in range(3):  # envelopes nest at most a few deep (CRI around docker JSON around a JSON string)
         before = text
         m = _CRI_RE.match(text)

@@ -41,8 +41,10 @@ _RESULT_TEXT: tuple[tuple[str, str], ...] = (
 _SIGNALS = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL",
             11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}
 
-_RANK_RE = re.compile(r"\[\s*(?:PG\s+(?:ID\s+)?(?P<pg>\d+)\s+(?:PG\s+GUID\s+(?P<guid>[^\]]*?)\s+)?)?Rank\s+(?P<rank>\d+)\s*\]",
-                      re.IGNORECASE)
+_RANK_RE = re.compile(
+    r"\[\s*(?:PG\s+(?:ID\s+)?(?P<pg>\d+)\s+(?:PG\s+GUID\s+(?P<guid>[^\]]*?)\s+)?)?Rank\s+(?P<rank>\d+)\s*\]",
+    re.IGNORECASE,
+)
 _RANK_PREFIX_RE = re.compile(r"\[rank(?P<rank>\d+)\]", re.IGNORECASE)
 _WORK_RE = re.compile(r"WorkNCCL\s*\((?P<body>[^()]*(?:\([^()]*\)[^()]*)*)\)", re.IGNORECASE)
 _KV_RE = re.compile(r"(\w+(?:\(ms\))?)\s*=\s*([^,\s)]+(?:\[[^\]]*\])?)")
@@ -58,8 +60,10 @@ _WORKMETA_RE = re.compile(r"workMetaList_\.size\(\)\s*=\s*(\d+)", re.IGNORECASE)
 _DESYNC_RANKS_RE = re.compile(r"ranks\s+that\s+caused\s+the\s+desync\s+are\s*:?\s*\[?(?P<ranks>[\d,\s]*)\]?"
                               r"(?P<rest>.*)", re.IGNORECASE | re.DOTALL)
 _COLLECTIVE_RE = re.compile(r"collective\s+#(\d+)", re.IGNORECASE)
-_NCCL_PREFIX_RE = re.compile(r"(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+)\s+\[(?P<dev>\d+)\]\s+(?:(?P<src>[\w./]+:\d+)\s+)?"
-                             r"NCCL\s+WARN", re.IGNORECASE)
+_NCCL_PREFIX_RE = re.compile(
+    r"(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+)\s+\[(?P<dev>\d+)\]\s+(?:(?P<src>[\w./]+:\d+)\s+)?NCCL\s+WARN",
+    re.IGNORECASE,
+)
 _IB_RE = re.compile(
     r"got\s+completion\s+from\s+peer\s+(?P<peer>[^\s,]+)\s+with\s+(?:status\s*=\s*|error\s+)(?P<status>\d+)"
     r"(?:[,\s]+opcode\s*=?\s*(?P<opcode>\d+))?(?:[,\s]+len\s*=?\s*(?P<len>\d+))?"
@@ -83,8 +87,6 @@ _ELASTIC_FAILED_RE = re.compile(
     r"(?:\s*\(\s*pid\s*:\s*(?P<pid>\d+)\s*\))?(?:\s*of\s+binary\s*:\s*(?P<bin>\S+))?",
     re.IGNORECASE,
 )
-_EXITCODE_ROW_RE = re.compile(r"^\W*exitcode\s*:\s*(?P<code>-?\d+)(?:\s*\(\s*pid\s*:\s*(?P<pid>\d+)\s*\))?",
-                              re.IGNORECASE)
 
 
 def classify_nccl(text: str) -> Signal | None:
@@ -162,7 +164,7 @@ def _watchdog(text: str, low: str) -> Signal | None:
             if why:
                 detail["desync"] = why[:256]
             return _timeout("desync_report", detail)
-        if "desync report" in low or "desync debug" in low and "report" in low:
+        if "desync report" in low or ("desync debug" in low and "report" in low):
             return _timeout("desync_report", detail)
         return None
     if "some nccl operations have failed or timed out" in low:
@@ -229,7 +231,7 @@ def _nccl_error(text: str, low: str) -> Signal | None:
             return Signal(kind="nccl_error", code="socket_error", detail=freeze(detail))
         if _SOCKET_CLOSED_RE.search(text) and ("socket" in low or warn):
             return Signal(kind="nccl_error", code="socket_error", detail=freeze(detail))
-        if "communicator was aborted" in low or "nccl communicator" in low and "abort" in low:
+        if "communicator was aborted" in low or ("nccl communicator" in low and "abort" in low):
             code = "communicator_aborted"
         elif "distbackenderror" in low or ("nccl error" in low and "nccl info" not in low):
             code = next((name for frag, name in _RESULT_TEXT if frag in low), "nccl_error")
@@ -252,11 +254,7 @@ def _elastic(text: str, low: str) -> Signal | None:
     elif "childfailederror" in low:
         return Signal(kind="job_failure", code="ChildFailedError", detail=freeze({"reporter": "torch.elastic"}))
     else:
-        row = _EXITCODE_ROW_RE.search(text)
-        if row is None:
-            return None
-        exit_code = int(row.group("code"))
-        detail["pid"] = to_int(row.group("pid"))
+        return None
     if exit_code == 0:
         return None
     detail["exitcode"] = exit_code

@@ -41,6 +41,6 @@ def test_serve_runs_until_sigterm(tmp_path: Path) -> None:
             assert httpx.post(f"{base}/v1/events", json=[]).status_code == 401  # a token is configured
         finally:
             proc.send_signal(signal.SIGTERM)
-            out, err = proc.communicate(timeout=30)
+            _out, err = proc.communicate(timeout=30)
         assert proc.returncode == 0, err[-3000:]
         assert "serving on" in err
