@@ -63,6 +63,7 @@ POOL_LABEL = "gpu-remediator.io/pool"
 # Node label that opts a node out of automatic remediation ("true").
 OPT_OUT_LABEL = "gpu-remediator.io/opt-out"
 
+_RFC1123 = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 _PCI_RE = re.compile(
     r"^(?:(?P<domain>[0-9a-fA-F]{4,8}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})(?:\.(?P<fn>[0-7]))?$"
 )
@@ -143,7 +144,7 @@ class FaultEvent(_Emitted):
     @field_validator("node")
     @classmethod
     def _rfc1123(cls, v: str) -> str:
-        if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", v):
+        if not _RFC1123.fullmatch(v):
             raise ValueError(f"node {v!r} is not an RFC 1123 name")
         return v
 
