@@ -76,7 +76,6 @@ class NvmlBackend:
         count = pynvml.nvmlDeviceGetCount()
         self._handles: list[Any] = []
         self._identities: list[GpuIdentity] = []
-        self._lost_at_start: set[int] = set()
         for i in range(count):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
             self._handles.append(handle)
@@ -95,17 +94,13 @@ class NvmlBackend:
         try:
             uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
         except pynvml.NVMLError as e:
-            if e.value == pynvml.NVML_ERROR_GPU_IS_LOST:
-                self._lost_at_start.add(index)
-            else:
+            if e.value != pynvml.NVML_ERROR_GPU_IS_LOST:
                 log.warning("NVML: UUID of GPU %d: %s", index, nvml_error_name(e))
         try:
             info = pynvml.nvmlDeviceGetPciInfo_v3(handle)
             pci = normalize_pci_bus_id(_text(info.busId))
         except pynvml.NVMLError as e:
-            if e.value == pynvml.NVML_ERROR_GPU_IS_LOST:
-                self._lost_at_start.add(index)
-            else:
+            if e.value != pynvml.NVML_ERROR_GPU_IS_LOST:
                 log.warning("NVML: PCI info of GPU %d: %s", index, nvml_error_name(e))
         except ValueError as e:
             log.warning("NVML: PCI bus id of GPU %d: %s", index, e)

@@ -112,7 +112,7 @@ def scan(lines: int = 200_000, *, rate: float = 2000.0, signal_every: int = 10_0
         for _ in range(100_000):
             got = scanner.scan_once()
             found += got
-            if not got and not any(t.follower.more for t in scanner._files.values()):
+            if not got and not scanner.behind:
                 break
         cpu, wall = time.process_time() - c0, time.perf_counter() - t0
     expected = 3 * (lines // signal_every)

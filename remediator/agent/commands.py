@@ -1,0 +1,309 @@
+"""Command responder: node-local playbook steps on ``agent.<node>.cmd`` (core NATS request/reply).
+
+Where it sits: the executor's hands on a node. A request carries an ``AgentCommand`` (JSON, from
+``remediator.contracts``) and gets an ``AgentReply``. Transport: nats-py, on the agent's one connection
+(``publisher.BusLink``): the agent must start and spool while NATS is down, and a faststream broker would
+add a second connection (and ~7 MB of resident memory) for one subscription. The logic is
+``CommandResponder.handle``, a plain coroutine that tests call directly.
+
+Verbs (``cmd.gpu`` names the GPU by any of index, uuid, PCI bus id):
+
+=================  ==========================================================================================
+verb               does
+=================  ==========================================================================================
+``isolate_gpu``    ``nvidia-smi drain -p <pci> -m 1`` (no new work lands on it); no-op when already isolated
+``release_gpu``    undoes ``isolate_gpu`` (``-m 0``); no-op when not isolated (``params.force``: run anyway)
+``reset_gpu``      ``nvidia-smi --gpu-reset -i <index>``; refused (``ok=False``) while any compute process
+                   holds the GPU, when the process list cannot be read, or when the GPU is lost
+``kill_orphans``   SIGKILL to every process holding GPU memory whose pod is gone (``cmd.gpu``/``params.pids``
+                   narrow it), then waits up to ``params.wait_s`` (5 s) for them to go; ``ok`` when none is left
+``health_check``   NVML checks (not lost, no volatile DBE, no pending/failed row remap, no pending page
+                   retirement, temperature below the limit) plus the configured command (``dcgmi diag -r 1``)
+``reboot_node``    the configured reboot hook (simulated node: a simulated reboot); refused if none
+``status``         every GPU's snapshot, the isolated GPUs, and the agent's counters
+=================  ==========================================================================================
+
+Idempotency: the reply of a command that changed something is kept under its id (in memory and in the
+state directory, the last 512), and a repeat of that id returns it without acting again. Refusals, no-ops,
+failed actions and read-only verbs are evaluated afresh, which is safe because they changed nothing.
+Commands run one at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from pydantic import ValidationError
+
+from remediator.agent.host import GpuBackend, GpuSnapshot, HostRunner, PodView, RunResult
+from remediator.agent.orphans import find_orphans
+from remediator.agent.state import StateStore
+from remediator.contracts import AgentCommand, AgentReply, GpuRef, normalize_pci_bus_id
+from remediator.subjects import agent_cmd_subject
+
+log = logging.getLogger(__name__)
+
+CACHE_SIZE = 512
+DEFAULT_TEMPERATURE_LIMIT_C = 90
+
+
+class _Refused(Exception):
+    """A verb declined to act; the message is the reply's detail."""
+
+
+class CommandResponder:
+    """Runs ``AgentCommand``s against a ``GpuBackend`` and a ``HostRunner``."""
+
+    def __init__(self, *, node: str, gpus: GpuBackend | None, host: HostRunner, pods: PodView | None,
+                 state: StateStore, status_extra: Callable[[], dict[str, Any]] | None = None,
+                 temperature_limit_c: int = DEFAULT_TEMPERATURE_LIMIT_C, kill_wait_s: float = 5.0) -> None:
+        self.node = node
+        self.gpus = gpus
+        self.host = host
+        self.pods = pods
+        self.state = state
+        self.status_extra = status_extra
+        self.temperature_limit_c = temperature_limit_c
+        self.kill_wait_s = kill_wait_s
+        self._lock = asyncio.Lock()
+        saved = state.load("commands")
+        self._replies: OrderedDict[str, dict[str, Any]] = OrderedDict(
+            (k, v) for k, v in saved.get("replies", []) if isinstance(k, str) and isinstance(v, dict))
+        self._isolated: set[str] = set(state.load("isolation").get("isolated", []))
+        self.handled = 0
+
+    # --- transport -----------------------------------------------------------------------------------
+
+    async def subscribe(self, nc: NATS) -> Subscription:
+        return await nc.subscribe(agent_cmd_subject(self.node), cb=self.on_message)
+
+    async def on_message(self, msg: Msg) -> None:
+        try:
+            cmd = AgentCommand.model_validate_json(msg.data)
+        except ValidationError as e:
+            cmd_id = "invalid"
+            try:
+                raw = json.loads(msg.data)
+                if isinstance(raw, dict) and isinstance(raw.get("id"), str):
+                    cmd_id = raw["id"]
+            except ValueError:
+                pass
+            reply = AgentReply(id=cmd_id, ok=False, detail=f"invalid command: {e.errors()[:3]}")
+        else:
+            reply = await self.handle(cmd)
+        if msg.reply:
+            await msg.respond(reply.model_dump_json().encode())
+
+    # --- dispatch ------------------------------------------------------------------------------------
+
+    async def handle(self, cmd: AgentCommand) -> AgentReply:
+        """The reply to ``cmd``; a repeated id of a command that acted returns the first reply."""
+        async with self._lock:
+            cached = self._replies.get(cmd.id)
+            if cached is not None:
+                return AgentReply.model_validate(cached)
+            self.handled += 1
+            verb: Callable[[AgentCommand], Awaitable[tuple[AgentReply, bool]]] = getattr(self, f"_{cmd.verb}")
+            try:
+                reply, acted = await verb(cmd)
+            except _Refused as e:
+                reply, acted = AgentReply(id=cmd.id, ok=False, detail=str(e)), False
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.exception("command %s (%s) failed", cmd.id, cmd.verb)
+                reply, acted = AgentReply(id=cmd.id, ok=False, detail=f"error: {e}"), False
+            log.info("command %s %s%s -> ok=%s changed=%s: %s", cmd.id, cmd.verb,
+                     f" gpu={cmd.gpu.key}" if cmd.gpu else "", reply.ok, reply.changed, reply.detail)
+            if acted and reply.changed:
+                self._remember(reply)
+            return reply
+
+    def _remember(self, reply: AgentReply) -> None:
+        self._replies[reply.id] = reply.model_dump(mode="json")
+        while len(self._replies) > CACHE_SIZE:
+            self._replies.popitem(last=False)
+        self.state.save("commands", {"replies": list(self._replies.items())})
+
+    # --- helpers -------------------------------------------------------------------------------------
+
+    async def _snapshots(self) -> list[GpuSnapshot]:
+        backend = self.gpus
+        if backend is None:
+            return []
+        return await asyncio.to_thread(lambda: [backend.snapshot(i) for i in range(backend.gpu_count())])
+
+    async def _resolve(self, ref: GpuRef | None) -> GpuSnapshot:
+        if self.gpus is None:
+            raise _Refused("this agent has no GPU backend (started without --nvml or --sim-gpus)")
+        if ref is None:
+            raise _Refused("the command names no GPU")
+        snaps = await self._snapshots()
+        pci = None
+        if ref.pci_bus_id:
+            try:
+                pci = normalize_pci_bus_id(ref.pci_bus_id)
+            except ValueError:
+                pci = None
+        for snap in snaps:
+            ident = snap.identity
+            if (ref.uuid and ident.uuid == ref.uuid) or (pci and ident.pci_bus_id == pci) or (
+                    not ref.uuid and not pci and ref.index is not None and ident.index == ref.index):
+                return snap
+        raise _Refused(f"no GPU {ref.key} on node {self.node}")
+
+    def _save_isolation(self) -> None:
+        self.state.save("isolation", {"isolated": sorted(self._isolated)})
+
+    @staticmethod
+    def _result(cmd: AgentCommand, r: RunResult, before: dict[str, Any], after: dict[str, Any]
+                ) -> tuple[AgentReply, bool]:
+        return AgentReply(id=cmd.id, ok=r.ok, changed=r.ok, detail=r.detail, before=before, after=after), True
+
+    # --- verbs ---------------------------------------------------------------------------------------
+
+    async def _isolate_gpu(self, cmd: AgentCommand) -> tuple[AgentReply, bool]:
+        snap = await self._resolve(cmd.gpu)
+        key = snap.identity.key
+        before = {"isolated": key in self._isolated}
+        if key in self._isolated:
+            return AgentReply(id=cmd.id, ok=True, detail=f"GPU {snap.index} is already isolated",
+                              before=before, after=before), False
+        r = await self.host.isolate_gpu(snap.identity)
+        if r.ok:
+            self._isolated.add(key)
+            self._save_isolation()
+        return self._result(cmd, r, before, {"isolated": key in self._isolated})
+
+    async def _release_gpu(self, cmd: AgentCommand) -> tuple[AgentReply, bool]:
+        snap = await self._resolve(cmd.gpu)
+        key = snap.identity.key
+        before = {"isolated": key in self._isolated}
+        if key not in self._isolated and not cmd.params.get("force"):
+            return AgentReply(id=cmd.id, ok=True, detail=f"GPU {snap.index} is not isolated",
+                              before=before, after=before), False
+        r = await self.host.release_gpu(snap.identity)
+        if r.ok:
+            self._isolated.discard(key)
+            self._save_isolation()
+        return self._result(cmd, r, before, {"isolated": key in self._isolated})
+
+    async def _reset_gpu(self, cmd: AgentCommand) -> tuple[AgentReply, bool]:
+        snap = await self._resolve(cmd.gpu)
+        if snap.lost:
+            raise _Refused(f"refused: GPU {snap.index} is lost (fallen off the bus); a reset cannot reach it, "
+                           "the node needs a power cycle")
+        if snap.processes is None:
+            raise _Refused(f"refused: the compute processes on GPU {snap.index} cannot be read, so a reset "
+                           "could kill work")
+        if snap.processes:
+            pids = ", ".join(str(p.pid) for p in snap.processes)
+            raise _Refused(f"refused: {len(snap.processes)} compute process(es) hold GPU {snap.index} "
+                           f"(pid {pids}); drain the GPU first")
+        before = snap.to_dict()
+        r = await self.host.reset_gpu(snap.identity)
+        after = (await self._resolve(cmd.gpu)).to_dict() if r.ok else before
+        return self._result(cmd, r, before, after)
+
+    async def _kill_orphans(self, cmd: AgentCommand) -> tuple[AgentReply, bool]:
+        if self.pods is None or self.gpus is None:
+            raise _Refused("orphan detection is not available on this agent")
+        only_pids = {int(p) for p in cmd.params.get("pids", [])}
+
+        async def orphans_now() -> list[Any]:
+            snaps = await self._snapshots()
+            if cmd.gpu is not None:
+                target = await self._resolve(cmd.gpu)
+                snaps = [s for s in snaps if s.identity == target.identity]
+            assert self.pods is not None
+            found = find_orphans(snaps, self.pods)
+            return [o for o in found if not only_pids or o.pid in only_pids]
+
+        orphans = await orphans_now()
+        before = {"orphans": [{"pid": o.pid, "gpu": o.gpu.index, "used_bytes": o.used_bytes,
+                               "pod_uid": o.pod_uid} for o in orphans]}
+        if not orphans:
+            return AgentReply(id=cmd.id, ok=True, detail="no orphaned GPU processes", before=before,
+                              after=before), False
+        results = [(o.pid, await self.host.kill_process(o.pid)) for o in orphans]
+        wait_s = float(cmd.params.get("wait_s", self.kill_wait_s))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        remaining = await orphans_now()
+        while remaining and loop.time() < deadline:
+            await asyncio.sleep(0.2)
+            remaining = await orphans_now()
+        after = {"orphans": [{"pid": o.pid, "gpu": o.gpu.index, "used_bytes": o.used_bytes,
+                              "pod_uid": o.pod_uid} for o in remaining],
+                 "killed": [pid for pid, r in results if r.ok]}
+        failed = [f"{pid}: {r.detail}" for pid, r in results if not r.ok]
+        ok = not remaining and not failed
+        if ok:
+            detail = f"killed {len(results)} orphaned process(es): " + ", ".join(str(p) for p, _ in results)
+        else:
+            detail = "; ".join(failed + ([f"pid(s) {', '.join(str(o.pid) for o in remaining)} still hold "
+                                          f"GPU memory after SIGKILL"] if remaining else []))
+        return AgentReply(id=cmd.id, ok=ok, changed=any(r.ok for _, r in results), detail=detail,
+                          before=before, after=after), True
+
+    async def _health_check(self, cmd: AgentCommand) -> tuple[AgentReply, bool]:
+        snaps = [await self._resolve(cmd.gpu)] if cmd.gpu is not None else await self._snapshots()
+        gpus: dict[str, Any] = {}
+        failures: list[str] = []
+        for snap in snaps:
+            failed = self.gpu_failures(snap)
+            gpus[str(snap.index)] = {"uuid": snap.identity.uuid, "passed": not failed, "failed": failed}
+            failures.extend(f"GPU {snap.index}: {f}" for f in failed)
+        after: dict[str, Any] = {"gpus": gpus}
+        extra = await self.host.health_command()
+        if extra is not None:
+            after["command"] = {"ok": extra.ok, "detail": extra.detail}
+            if not extra.ok:
+                failures.append(f"health command failed: {extra.detail}")
+        if not snaps and extra is None:
+            raise _Refused("nothing to check: no GPU backend and no health command configured")
+        ok = not failures
+        detail = f"{len(snaps)} GPU(s) healthy" if ok else "; ".join(failures)
+        return AgentReply(id=cmd.id, ok=ok, detail=detail, after=after), False
+
+    def gpu_failures(self, snap: GpuSnapshot) -> list[str]:
+        """What makes ``snap`` unhealthy (empty: it passes)."""
+        if snap.lost:
+            return ["GPU is lost (NVML_ERROR_GPU_IS_LOST)"]
+        failed = []
+        if snap.ecc.dbe_volatile:
+            failed.append(f"{snap.ecc.dbe_volatile} uncorrectable (DBE) ECC error(s) since the last reset")
+        rr = snap.remapped_rows
+        if rr is not None and rr.pending:
+            failed.append("row remapping pending (needs a GPU reset)")
+        if rr is not None and rr.failure:
+            failed.append("row remapping failure (replace the GPU)")
+        if snap.retired_pages_pending:
+            failed.append("page retirement pending")
+        if snap.temperature_c is not None and snap.temperature_c >= self.temperature_limit_c:
+            failed.append(f"temperature {snap.temperature_c} C >= {self.temperature_limit_c} C")
+        return failed
+
+    async def _reboot_node(self, cmd: AgentCommand) -> tuple[AgentReply, bool]:
+        r = await self.host.reboot_node()
+        if r is None:
+            raise _Refused("refused: no reboot hook is configured on this agent (--reboot-command)")
+        self._isolated.clear()
+        self._save_isolation()
+        return self._result(cmd, r, {}, {"rebooted": r.ok})
+
+    async def _status(self, cmd: AgentCommand) -> tuple[AgentReply, bool]:
+        snaps = await self._snapshots()
+        after: dict[str, Any] = {"node": self.node, "gpus": [s.to_dict() for s in snaps],
+                                 "isolated": sorted(self._isolated)}
+        if self.status_extra is not None:
+            after.update(self.status_extra())
+        return AgentReply(id=cmd.id, ok=True, detail=f"{len(snaps)} GPU(s)", after=after), False

@@ -1,0 +1,274 @@
+"""The node agent, composed: kernel-log watcher, NVML poller, orphan check, container-log scanner,
+command responder, all publishing through one spool-backed connection.
+
+Where it sits: one per GPU node (a DaemonSet on a real cluster, one per simulated node in the demo), on
+the producing side of the bus: events go to ``faults.agent.<node>``, commands come in on
+``agent.<node>.cmd``. ``remediator agent`` builds an ``Agent`` from its options with the real host
+(``NvmlBackend``, ``SubprocessHostRunner``, ``ProcPodView``) or a simulated node; ``chaos.sim.gpu_node``
+runs several in one process. Nothing here imports ``chaos``.
+
+Usage::
+
+    agent = Agent(AgentConfig(node="gpu-node-0", nats_url=url, state_dir=path, kmsg_path="/dev/kmsg"),
+                  gpus=NvmlBackend(), host=SubprocessHostRunner(), pods=ProcPodView())
+    async with agent:           # start(): connects in the background, starts every watcher
+        await agent.wait()      # until stop() or cancellation
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from remediator.agent.commands import CommandResponder
+from remediator.agent.events import Clock, GpuDirectory, SpoolFull
+from remediator.agent.host import GpuBackend, GpuSnapshot, HostRunner, PodView, RunResult
+from remediator.agent.journal import DEFAULT_LOOKBACK_S, JournalSource
+from remediator.agent.kmsg import KernelLogWatcher, KernelSource, open_kernel_source
+from remediator.agent.nvml_poller import NvmlPoller, XidEventWatcher
+from remediator.agent.orphans import OrphanDetector
+from remediator.agent.podlogs import PodLogScanner
+from remediator.agent.publisher import BusLink, Publisher
+from remediator.agent.spool import DEFAULT_MAX_BYTES, Spool
+from remediator.agent.state import DEFAULT_BOOT_ID_PATH, StateStore, read_boot_id
+from remediator.contracts import FaultEvent, utcnow
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Everything an agent needs besides its host interfaces. Paths may be strings or ``Path``s."""
+
+    node: str
+    state_dir: Path | str
+    nats_url: str = "nats://127.0.0.1:4222"
+    spool_dir: Path | str | None = None  # default: <state_dir>/spool
+    kmsg_path: str | None = None  # /dev/kmsg, a kmsg-format file, or a dmesg/syslog text file
+    journal: bool = False
+    journal_command: Sequence[str] = ("journalctl",)
+    journal_lookback_s: float = DEFAULT_LOOKBACK_S
+    pod_logs_dir: Path | str | None = None
+    boot_id_path: str = DEFAULT_BOOT_ID_PATH
+    nvml_interval_s: float = 5.0
+    nvml_xid_events: bool | None = None  # None: only when no kernel log is followed
+    file_poll_interval_s: float = 0.25
+    podlog_poll_interval_s: float = 0.5
+    podlog_rescan_s: float = 5.0
+    spool_max_bytes: int = DEFAULT_MAX_BYTES
+    publish_timeout_s: float = 2.0
+    reconnect_wait_s: float = 0.5
+    orphan_confirmations: int = 2
+    temperature_limit_c: int = 90
+
+
+class _NoHost:
+    """``HostRunner`` of an agent without GPUs: every action is refused."""
+
+    async def _no(self) -> RunResult:
+        return RunResult(False, "this agent has no GPU backend")
+
+    async def isolate_gpu(self, gpu: Any) -> RunResult:
+        return await self._no()
+
+    async def release_gpu(self, gpu: Any) -> RunResult:
+        return await self._no()
+
+    async def reset_gpu(self, gpu: Any) -> RunResult:
+        return await self._no()
+
+    async def kill_process(self, pid: int) -> RunResult:
+        return await self._no()
+
+    async def reboot_node(self) -> RunResult | None:
+        return None
+
+    async def health_command(self) -> RunResult | None:
+        return None
+
+
+class Agent:
+    """One node's agent. ``start``/``stop`` (or ``async with``); ``stats()`` for status and benchmarks."""
+
+    def __init__(self, config: AgentConfig, *, gpus: GpuBackend | None = None, host: HostRunner | None = None,
+                 pods: PodView | None = None, clock: Clock = utcnow) -> None:
+        self.config = config
+        self.node = config.node
+        self.gpus = gpus
+        self.host: HostRunner = host or _NoHost()
+        self.pods = pods
+        self.clock = clock
+        self.state = StateStore(config.state_dir)
+        self.spool = Spool(config.spool_dir or Path(config.state_dir) / "spool", max_bytes=config.spool_max_bytes)
+        self.link = BusLink(config.nats_url, name=f"remediator-agent-{config.node}",
+                            reconnect_wait_s=config.reconnect_wait_s)
+        self.publisher = Publisher(self.link, self.spool, publish_timeout_s=config.publish_timeout_s)
+        self.directory = GpuDirectory()
+        self.responder = CommandResponder(node=config.node, gpus=gpus, host=self.host, pods=pods,
+                                          state=self.state, status_extra=self.stats,
+                                          temperature_limit_c=config.temperature_limit_c)
+        self.link.on_connect(self._subscribe_commands)
+        self.kernel_watchers: list[KernelLogWatcher] = []
+        self.poller: NvmlPoller | None = None
+        self.orphans: OrphanDetector | None = None
+        self.podlogs: PodLogScanner | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopped = asyncio.Event()
+        self._started = False
+
+    def boot_id(self) -> str:
+        return read_boot_id(self.config.boot_id_path)
+
+    # --- lifecycle -----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start every configured watcher and the connection (which may come up later)."""
+        if self._started:
+            return
+        self._started = True
+        cfg = self.config
+        if self.gpus is not None:
+            snaps = await asyncio.to_thread(self._snapshots)
+            self._learn(snaps)
+            self.poller = NvmlPoller(self.gpus, node=self.node, state=self.state, boot_id=self.boot_id,
+                                     clock=self.clock, interval_s=cfg.nvml_interval_s)
+            if self.pods is not None:
+                self.orphans = OrphanDetector(self.pods, node=self.node, boot_id=self.boot_id, clock=self.clock,
+                                              confirmations=cfg.orphan_confirmations)
+        sources: list[KernelSource] = []
+        if cfg.kmsg_path:
+            sources.append(open_kernel_source(cfg.kmsg_path, boot_id=self.boot_id,
+                                              poll_interval_s=cfg.file_poll_interval_s))
+        if cfg.journal:
+            sources.append(JournalSource(boot_id=self.boot_id, command=cfg.journal_command,
+                                         lookback_s=cfg.journal_lookback_s))
+        for source in sources:
+            self.kernel_watchers.append(KernelLogWatcher(source, node=self.node, sink=self.publisher,
+                                                         gpus=self.directory, state=self.state,
+                                                         clock=self.clock))
+        if cfg.pod_logs_dir:
+            self.podlogs = PodLogScanner(cfg.pod_logs_dir, node=self.node, sink=self.publisher, state=self.state,
+                                         clock=self.clock, poll_interval_s=cfg.podlog_poll_interval_s,
+                                         rescan_interval_s=cfg.podlog_rescan_s)
+        self._spawn("bus", self.link.run)
+        self._spawn("replay", self.publisher.replay)
+        for w in self.kernel_watchers:
+            self._spawn(f"kernel-{w.source.name}", w.run)
+        if self.poller is not None:
+            self._spawn("gpu-poll", self._gpu_loop)
+            xid_events = cfg.nvml_xid_events if cfg.nvml_xid_events is not None else not sources
+            if xid_events and self.gpus is not None:
+                watcher = XidEventWatcher(self.gpus, node=self.node, state=self.state, boot_id=self.boot_id,
+                                          identities=lambda: self.poller.latest if self.poller else [],
+                                          clock=self.clock)
+                self._spawn("nvml-xid", lambda: watcher.run(self.submit))
+        if self.podlogs is not None:
+            self._spawn("pod-logs", self.podlogs.run)
+        log.info("agent for node %s started (kernel: %s, gpus: %s, pod logs: %s, nats: %s)", self.node,
+                 ", ".join(s.name for s in sources) or "none",
+                 type(self.gpus).__name__ if self.gpus is not None else "none", cfg.pod_logs_dir or "none",
+                 cfg.nats_url)
+
+    def _spawn(self, name: str, factory: Callable[[], Awaitable[None]]) -> None:
+        async def supervised() -> None:
+            while True:
+                try:
+                    await factory()
+                    return
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("agent task %s failed; restarting it in 1 s", name)
+                    await asyncio.sleep(1.0)
+
+        self._tasks.append(asyncio.get_running_loop().create_task(supervised(), name=f"agent-{self.node}-{name}"))
+
+    async def stop(self) -> None:
+        """Stop every task and close the connection; the state on disk is what a restart resumes from."""
+        tasks, self._tasks = self._tasks, []
+        pending: set[asyncio.Task[None]] = set(tasks)
+        rounds = 0
+        while pending:
+            # cancel again until each task is done: a library may swallow one cancellation
+            for t in pending:
+                t.cancel()
+            _, pending = await asyncio.wait(pending, timeout=1.0)
+            rounds += 1
+            if pending and rounds == 3:
+                log.warning("agent tasks still stopping: %s", ", ".join(
+                    f"{t.get_name()} at {t.get_stack(limit=3)}" for t in pending))
+        for t in tasks:
+            if not t.cancelled() and t.exception() is not None:
+                log.warning("agent task %s ended with %r", t.get_name(), t.exception())
+        await self.link.close()
+        if self.gpus is not None:
+            await asyncio.to_thread(self.gpus.close)
+        self._stopped.set()
+
+    async def wait(self) -> None:
+        await self._stopped.wait()
+
+    async def __aenter__(self) -> Agent:
+        await self.start()
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.stop()
+
+    # --- work ----------------------------------------------------------------------------------------
+
+    async def submit(self, events: Sequence[FaultEvent]) -> None:
+        """Hand ``events`` to the publisher, waiting while the spool is full."""
+        while events:
+            try:
+                await self.publisher.submit(events)
+                return
+            except SpoolFull:
+                await asyncio.sleep(1.0)
+
+    def _snapshots(self) -> list[GpuSnapshot]:
+        assert self.gpus is not None
+        return [self.gpus.snapshot(i) for i in range(self.gpus.gpu_count())]
+
+    def _learn(self, snaps: Sequence[GpuSnapshot]) -> None:
+        for s in snaps:
+            self.directory.learn(s.identity.pci_bus_id, s.identity.uuid, s.identity.index)
+
+    async def _gpu_loop(self) -> None:
+        assert self.poller is not None
+        while True:
+            snaps = await asyncio.to_thread(self.poller.take_snapshots)
+            self._learn(snaps)
+            events = self.poller.diff(snaps)
+            if self.orphans is not None:
+                events += self.orphans.check(snaps)
+            await self.submit(events)
+            self.poller.commit()
+            if self.orphans is not None:
+                self.orphans.commit()
+            await asyncio.sleep(self.config.nvml_interval_s)
+
+    async def _subscribe_commands(self, nc: Any) -> None:
+        await self.responder.subscribe(nc)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for ``status`` replies and benchmarks."""
+        out: dict[str, Any] = {
+            "connected": self.link.connected,
+            "boot_id": self.boot_id(),
+            "publisher": self.publisher.stats(),
+            "kernel": {w.source.name: {"lines": w.lines_read, "events": w.events_published}
+                       for w in self.kernel_watchers},
+        }
+        if self.podlogs is not None:
+            out["pod_logs"] = {"files": self.podlogs.files_followed, "bytes": self.podlogs.lines_scanned_bytes,
+                               "events": self.podlogs.events_published}
+        if self.poller is not None:
+            out["gpu_polls"] = self.poller.polls
+        return out

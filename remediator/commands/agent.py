@@ -1,0 +1,146 @@
+"""``remediator agent``: the node agent (DESIGN.md §10).
+
+Where it sits: the composition root of one node's agent. It builds the host interfaces — NVML
+(``--nvml``, ``remediator.adapters.nvml``), ``nvidia-smi`` and hooks as subprocesses, ``/proc`` and the
+kubelet's pod directories — or, with ``--sim-gpus N``, a simulated node from ``chaos.sim.gpu_node`` (the
+only case in which this command loads ``chaos``), and runs ``remediator.agent.main.Agent`` until SIGTERM
+or SIGINT. Logs go to standard error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shlex
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+
+DEFAULT_STATE_DIR = "/var/lib/gpu-remediator/agent"
+
+
+@click.command("agent")
+@click.option("--node", required=True, help="Kubernetes node name this agent speaks for.")
+@click.option("--nats", "nats_url", envvar="REMEDIATOR_NATS_URL", default="nats://127.0.0.1:4222",
+              show_default=True, metavar="URL", help="NATS server URL(s), comma-separated.")
+@click.option("--kmsg", "kmsg_path", default=None, metavar="PATH",
+              help="Kernel log: /dev/kmsg, a kmsg-format file, or a dmesg/syslog text file that grows.")
+@click.option("--journal", is_flag=True, help="Follow `journalctl -k -o json` (look-back 2 h without a cursor).")
+@click.option("--nvml", is_flag=True, help="Poll the GPUs through NVML (libnvidia-ml).")
+@click.option("--sim-gpus", type=click.IntRange(1, 64), default=None, metavar="N",
+              help="Run on a simulated node with N GPUs (under --state, else a temporary directory).")
+@click.option("--pod-logs", "pod_logs", default=None, metavar="DIR",
+              help="Container logs to scan (/var/log/pods on a node).")
+@click.option("--spool", "spool_dir", default=None, metavar="DIR",
+              help="Durable spool for events while NATS is unreachable (default: <state>/spool).")
+@click.option("--state", "state_dir", default=None, metavar="DIR",
+              help=f"Positions, baselines and command replies (default: {DEFAULT_STATE_DIR}).")
+@click.option("--interval", "interval_s", type=click.FloatRange(0.05), default=5.0, show_default=True,
+              help="Seconds between GPU polls.")
+@click.option("--spool-max-bytes", type=click.IntRange(4096), default=64 * 1024 * 1024, show_default=True,
+              help="Spool size limit; when it is full the watchers hold their lines (log line + counter).")
+@click.option("--reboot-command", default=None, metavar="CMD",
+              help="Hook run by the reboot_node command (refused when unset), e.g. 'systemctl reboot'.")
+@click.option("--health-command", default=None, metavar="CMD",
+              help="Extra check run by the health_check command, e.g. 'dcgmi diag -r 1'.")
+@click.option("--nvml-xid-events/--no-nvml-xid-events", default=None,
+              help="Publish Xids from NVML event sets (default: only when no kernel log is followed).")
+@click.option("--nvml-library", envvar="REMEDIATOR_NVML_LIBRARY", default=None, hidden=True,
+              help="Load this libnvidia-ml.so instead of the system one (tests).")
+@click.option("--boot-id-path", default="/proc/sys/kernel/random/boot_id", hidden=True)
+@click.option("--proc-root", default="/proc", hidden=True)
+@click.option("--kubelet-pods-dir", default="/var/lib/kubelet/pods", hidden=True)
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+def agent(node: str, nats_url: str, kmsg_path: str | None, journal: bool, nvml: bool, sim_gpus: int | None,
+          pod_logs: str | None, spool_dir: str | None, state_dir: str | None, interval_s: float,
+          spool_max_bytes: int, reboot_command: str | None, health_command: str | None,
+          nvml_xid_events: bool | None, nvml_library: str | None, boot_id_path: str, proc_root: str,
+          kubelet_pods_dir: str, log_level: str) -> None:
+    """The node agent: kernel-log Xid watcher, NVML poller, container-log scanner, orphan check and
+    command responder for one node, publishing to faults.agent.<node> (spooling while NATS is down)."""
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _skip_websocket_transport(nats_url)
+    if nvml and sim_gpus:
+        raise click.UsageError("--nvml and --sim-gpus exclude each other")
+    tmp: tempfile.TemporaryDirectory[str] | None = None
+    if state_dir is None:
+        if sim_gpus:
+            tmp = tempfile.TemporaryDirectory(prefix=f"remediator-agent-{node}-")
+            state_dir = tmp.name
+        else:
+            state_dir = DEFAULT_STATE_DIR
+    options: dict[str, Any] = {
+        "node": node, "state_dir": state_dir, "nats_url": nats_url, "spool_dir": spool_dir,
+        "kmsg_path": kmsg_path, "journal": journal, "pod_logs_dir": pod_logs, "boot_id_path": boot_id_path,
+        "nvml_interval_s": interval_s, "nvml_xid_events": nvml_xid_events, "spool_max_bytes": spool_max_bytes,
+    }
+    try:
+        asyncio.run(_run(options, nvml=nvml, sim_gpus=sim_gpus, nvml_library=nvml_library,
+                         reboot_command=reboot_command, health_command=health_command, proc_root=proc_root,
+                         kubelet_pods_dir=kubelet_pods_dir))
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def _skip_websocket_transport(url: str) -> None:
+    """Keep nats-py from importing aiohttp, which it needs only for ws:// URLs (about 11 MB resident in a
+    daemon that runs on every GPU node; nats-py treats a missing aiohttp as "no WebSocket transport")."""
+    if "aiohttp" in sys.modules or "nats" in sys.modules:
+        return
+    if any(u.strip().lower().startswith(("ws://", "wss://")) for u in url.split(",")):
+        return
+    sys.modules["aiohttp"] = None  # type: ignore[assignment]
+
+
+async def _run(options: dict[str, Any], *, nvml: bool, sim_gpus: int | None, nvml_library: str | None,
+               reboot_command: str | None, health_command: str | None, proc_root: str,
+               kubelet_pods_dir: str) -> None:
+    from remediator.agent.host import ProcPodView, SubprocessHostRunner
+    from remediator.agent.main import Agent, AgentConfig
+
+    log = logging.getLogger("remediator.agent")
+    agent_obj: Agent
+    if sim_gpus:
+        from chaos.sim.gpu_node import SimGpuNode, sim_agent_config
+
+        root = Path(options["state_dir"]) / "sim"
+        if (root / "state.json").exists():
+            sim = SimGpuNode.attach(root)
+        else:
+            sim = SimGpuNode(root, name=options["node"], gpus=sim_gpus)
+        overrides = {k: v for k, v in options.items() if v is not None and k not in ("node", "nats_url")}
+        overrides["boot_id_path"] = str(sim.boot_id_path)
+        config = sim_agent_config(sim, nats_url=options["nats_url"], **overrides)
+        agent_obj = Agent(config, gpus=sim, host=sim, pods=sim)
+        log.info("simulated node %s with %d GPU(s) at %s", sim.name, sim.gpu_count(), sim.root)
+    else:
+        gpus = None
+        if nvml:
+            from remediator.adapters.nvml import NvmlBackend
+
+            gpus = NvmlBackend(nvml_library)
+        host = SubprocessHostRunner(reboot_command=shlex.split(reboot_command) if reboot_command else None,
+                                    health_command=shlex.split(health_command) if health_command else None)
+        pods = ProcPodView(proc_root, kubelet_pods_dir=kubelet_pods_dir) if gpus is not None else None
+        config = AgentConfig(**options)
+        agent_obj = Agent(config, gpus=gpus, host=host, pods=pods)
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await agent_obj.start()
+    log.info("agent %s running (pid %d); SIGTERM or SIGINT stops it", options["node"], os.getpid())
+    try:
+        await stop.wait()
+    finally:
+        log.info("agent %s stopping", options["node"])
+        await agent_obj.stop()
