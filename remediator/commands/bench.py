@@ -68,3 +68,17 @@ def storm(nodes: int, failing: int, as_json: bool) -> None:
     from remediator.benchmarks import storm as mod
 
     _emit(asyncio.run(mod.run(nodes=nodes, failing=failing, progress=_progress)), as_json)
+
+
+@bench.command("agent")
+@click.option("--seconds", default=20.0, show_default=True, type=click.FloatRange(1), help="Idle measuring time.")
+@click.option("--log-lines", default=200_000, show_default=True, type=click.IntRange(1000),
+              help="Lines of a verbose NCCL job log to scan.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def agent(seconds: float, log_lines: int, as_json: bool) -> None:
+    """The node agent's own cost: RSS and CPU at idle with 8 simulated GPUs, and container-log scan cost."""
+    from remediator.benchmarks import agent_idle, agent_logscan
+
+    idle = agent_idle.run(seconds, progress=_progress)
+    scan = agent_logscan.run(log_lines, seconds, progress=_progress)
+    _emit({"idle": idle, "logscan": scan}, as_json)
