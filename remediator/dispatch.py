@@ -33,12 +33,12 @@ from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
-from handlers.base import REGISTRY, HandlerRegistry, HandlerSpec, History, Verdict, incident_id_for
+from handlers.base import REGISTRY, HandlerRegistry, HandlerSpec, Verdict, incident_id_for
 from remediator.audit import AuditLog
 from remediator.bus import PermanentError, dead_letter_publisher, settle
 from remediator.contracts import Decision, FaultEvent, utcnow
 from remediator.settings import Settings
-from remediator.state import StateStore
+from remediator.state import StateConflict, StateStore
 from remediator.subjects import (
     FAULTS_STREAM,
     STATE_BUCKET,
@@ -111,68 +111,66 @@ class Dispatcher:
         """Decide on one event; returns the decisions published (re-published ones included)."""
         self.stats.events += 1
         specs = self._registry.for_event(event)
+        audit = functools.partial(self._audit.append, trace_id=trace_id, event_id=event.id)
+        gpu_key = event.gpu.key if event.gpu else None
         published: list[Decision] = []
         accepted = False
         duplicate_for = 0
-        audit = functools.partial(self._audit.append, trace_id=trace_id)
         for spec in specs:
             key = history_key(spec, event)
-            now = self._clock()
-            gpu_key = event.gpu.key if event.gpu else ""
-
-            def step(history: History, spec: HandlerSpec = spec, now: datetime = now) -> tuple[History, Verdict | None]:
-                if any(s.event_id == event.id for s in history.sightings):
-                    return history, None  # seen before: a redelivery or a replay past the duplicate window
-                verdict = spec.decide(event, history, now)
-                return verdict.history, verdict
-
-            # Decide first on a snapshot, to store the decision before the history that says it was made.
-            snapshot, _rev = await self._state.get(key)
-            verdict = step(snapshot)[1]
-            if verdict is not None and verdict.decision is not None:
-                await self._store_decision(verdict.decision)
-            verdict = await self._state.update(key, step)
-            if verdict is None:
+            verdict = await self._decide(spec, key, event)
+            if verdict is None:  # seen before: a redelivery, or a replay past the duplicate window
                 duplicate_for += 1
                 published += await self._republish_opened(key, event)
                 continue
             if not accepted:
                 accepted = True
                 await audit(event.node, "event_accepted", f"{event.kind} {event.code} from {event.source}",
-                                         gpu=gpu_key or None, event_id=event.id, job=job_of(event),
-                                         fingerprint=event.labels.get("fingerprint"),
-                                         after={"message": event.message[:500]})
+                            gpu=gpu_key, job=job_of(event), fingerprint=event.labels.get("fingerprint"),
+                            after={"message": event.message[:500]})
             self.stats.by_handler[spec.name] = self.stats.by_handler.get(spec.name, 0) + 1
-            if verdict.decision is not None:
-                decision = verdict.decision
-                if decision.incident_id not in {d.incident_id for d in published}:
-                    await self._store_decision(decision)  # the snapshot may have been stale
-                    await self._publish_decision(decision, traceparent)
-                    published.append(decision)
+            decision = verdict.decision
+            if decision is not None:
                 self.stats.decisions += 1
-                await audit(
-                    decision.node, "decision", decision.reason, incident=decision.incident_id,
-                    gpu=decision.gpu.key if decision.gpu else None, event_id=event.id, job=decision.job,
-                    after={"playbook": decision.playbook, "group": decision.group, "handler": decision.handler,
-                           "evidence": [e.model_dump(mode="json") for e in decision.evidence]})
+                await self._publish_decision(decision, traceparent)
+                published.append(decision)
+                await audit(decision.node, "decision", decision.reason, incident=decision.incident_id,
+                            gpu=decision.gpu.key if decision.gpu else None, job=decision.job,
+                            after={"playbook": decision.playbook, "group": decision.group,
+                                   "handler": decision.handler,
+                                   "evidence": [e.model_dump(mode="json") for e in decision.evidence]})
             elif verdict.updated_incident is not None:
                 self.stats.updated += 1
-                await audit(event.node, "incident_updated", verdict.reason,
-                                         incident=verdict.updated_incident, gpu=gpu_key or None,
-                                         event_id=event.id, job=job_of(event))
+                await audit(event.node, "incident_updated", verdict.reason, incident=verdict.updated_incident,
+                            gpu=gpu_key, job=job_of(event))
             else:
                 self.stats.no_action += 1
-                await audit(event.node, "event_ignored", verdict.reason, gpu=gpu_key or None,
-                                         event_id=event.id, job=job_of(event))
+                await audit(event.node, "event_ignored", verdict.reason, gpu=gpu_key, job=job_of(event))
         if not specs:
-            await audit(event.node, "event_ignored", f"no handler for kind {event.kind}",
-                                     event_id=event.id)
+            await audit(event.node, "event_ignored", f"no handler for kind {event.kind}")
         elif duplicate_for == len(specs):
             self.stats.duplicates += 1
             if not published:
-                await audit(event.node, "duplicate_ignored", "event id already in the node's history",
-                                         event_id=event.id)
+                await audit(event.node, "duplicate_ignored", "event id already in the node's history")
         return published
+
+    async def _decide(self, spec: HandlerSpec, key: str, event: FaultEvent) -> Verdict | None:
+        """The handler's verdict, with the history written back by compare-and-set (None: a duplicate).
+
+        A decision is stored under ``decision.<incident>`` *before* the history that says it was made, so a
+        crash between the two leaves something to re-publish on redelivery. Losing the CAS race means
+        re-reading and deciding again, never overwriting.
+        """
+        for _attempt in range(25):
+            history, revision = await self._state.get(key)
+            if any(s.event_id == event.id for s in history.sightings):
+                return None
+            verdict = spec.decide(event, history, self._clock())
+            if verdict.decision is not None:
+                await self._store_decision(verdict.decision)
+            if verdict.history == history or await self._state.compare_and_set(key, verdict.history, revision):
+                return verdict
+        raise StateConflict(f"{key}: compare-and-set lost 25 times in a row")
 
     async def _store_decision(self, decision: Decision) -> None:
         await self._kv.put(decision_key(decision.incident_id), decision.model_dump_json().encode())

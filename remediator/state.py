@@ -38,6 +38,18 @@ class StateStore:
             return History(), int(entry.revision or 0)
         return History.from_json(json.loads(entry.value)), int(entry.revision or 0)
 
+    async def compare_and_set(self, key: str, new: History, revision: int) -> bool:
+        """Store ``new`` if ``key`` is still at ``revision`` (0: absent); False when another writer won."""
+        data = json.dumps(new.to_json(), separators=(",", ":")).encode()
+        try:
+            if revision == 0:
+                await self._kv.create(key, data)
+            else:
+                await self._kv.update(key, data, last=revision)
+        except KeyWrongLastSequenceError:
+            return False
+        return True
+
     async def update(self, key: str, fn: Callable[[History], tuple[History, T]]) -> T:
         """Apply ``fn`` to the current history and store its result by CAS, retrying on a lost race.
 
@@ -46,17 +58,8 @@ class StateStore:
         for _attempt in range(self._max_attempts):
             history, revision = await self.get(key)
             new, result = fn(history)
-            if new == history:
+            if new == history or await self.compare_and_set(key, new, revision):
                 return result
-            data = json.dumps(new.to_json(), separators=(",", ":")).encode()
-            try:
-                if revision == 0:
-                    await self._kv.create(key, data)
-                else:
-                    await self._kv.update(key, data, last=revision)
-            except KeyWrongLastSequenceError:
-                continue
-            return result
         raise StateConflict(f"{key}: compare-and-set lost {self._max_attempts} times in a row")
 
     async def close_incident(self, key: str, group: str) -> None:

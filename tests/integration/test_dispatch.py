@@ -146,3 +146,17 @@ async def test_decisions_name_known_playbooks(nats_server: EmbeddedNats, code: i
     [decision] = await d.handle(xid("gpu-node-5", code, f"e{code}"))
     assert decision.playbook in PLAYBOOK_NAMES
     await nc.close()
+
+
+async def test_two_replicas_racing_on_one_node_open_one_incident(nats_server: EmbeddedNats) -> None:
+    """Different events of one fault handled at once by two replicas: the CAS loser re-decides and folds."""
+    clock = Clock()
+    nc, js, a = await _setup(nats_server, clock)
+    b = await Dispatcher.create(nc, js, Settings(nats_url=nats_server.url), AuditLog(js, "replica-b", clock=clock),
+                                registry=REGISTRY, clock=clock)
+    for i in range(5):
+        results = await asyncio.gather(a.handle(xid(f"gpu-node-{i}", 79, f"am-{i}")),
+                                       b.handle(xid(f"gpu-node-{i}", 79, f"agent-{i}")))
+        assert sum(len(r) for r in results) == 1, results
+    assert [x.playbook for x in await _decisions(js)] == ["gpu-lost"] * 5
+    await nc.close()
