@@ -32,6 +32,7 @@ import contextlib
 import json
 import logging
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -472,6 +473,14 @@ class _HttpServer(ThreadingHTTPServer):
     request_queue_size = 1024
     allow_reuse_address = True
     app: KubeApiServer
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up mid-request (kubectl exiting, a killed replica) is normal here, not news;
+        anything else is still printed, as the standard library does."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError | TimeoutError):
+            return
+        super().handle_error(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):
