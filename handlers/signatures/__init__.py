@@ -60,7 +60,7 @@ __all__ = [
 ANCHORS: tuple[str, ...] = (
     "xid", "nvrm", "nccl", "cuda", "dcgm", "gpuislost", "fallenoffthebus", "outofmemory", "detectedbywatchdog",
     "heartbeatmonitor", "causedthedesync", "failedexitcode", "childfailederror", "eventtypeeventdata",
-    "socketprogress", "entireprocessdown", "markedunhealthy",
+    "socket", "entireprocessdown", "markedunhealthy", "oomwhenallocating",
 )
 _BANCHORS = tuple(a.encode() for a in ANCHORS)
 # "nccl" followed by "info" is no anchor: NCCL's INFO chatter (a large share of a training job's log) is never
@@ -71,10 +71,10 @@ _LOWER = bytes(c + 32 if 65 <= c <= 90 else c for c in range(256))
 _DELETE = bytes(c for c in range(256) if _LOWER[c] not in _ALPHABET and c != 10)
 
 _KERNEL = ("xid", "nvrm", "lost", "off the bus", "eventdata", "heartbeat", "unhealthy")
-_CUDA = ("cuda", "out of memory")
+_CUDA = ("cuda", "out of memory", "oom when allocating")
 _NCCL_FIRST = ("nccl warn", "nccl error in", "ncclunhandledcudaerror", "ncclsystemerror", "ncclinternalerror",
                "ncclremoteerror", "ncclinvalid")
-_NCCL = ("nccl", "watchdog", "heartbeat", "desync", "exitcode", "childfailed", "socketprogress",
+_NCCL = ("nccl", "watchdog", "heartbeat", "desync", "exitcode", "childfailed", "socket",
          "entire process down")  # plain lower-case substrings: a superset of the anchors above
 
 # The anchors as one regex, for callers that want a pattern (``re.compile(PREFILTER.pattern.encode(), re.I)``

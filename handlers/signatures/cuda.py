@@ -50,6 +50,8 @@ _DRIVER_NAMES: dict[str, tuple[str, int, tuple[int, ...], bool]] = {
     "CUDA_ERROR_UNKNOWN": ("cudaErrorUnknown", 999, (79, 119), True),
 }
 _OOM_NAMES = ("CUDA_ERROR_OUT_OF_MEMORY", "cudaErrorMemoryAllocation", "CUBLAS_STATUS_ALLOC_FAILED")
+# "Search for `cudaErrorDevicesUnavailable' in https://docs.nvidia.com/cuda/... for more information."
+_HINT_RE = re.compile(r"search\s+for\s+`[^'`\s]*'\s+in\s+\S+\s+for\s+more\s+information\.?", re.IGNORECASE)
 _ERR_NUM_RE = re.compile(r"(?:error\s*=\s*|runtime error \()(\d{1,4})\)?", re.IGNORECASE)
 _DEVICE_RE = re.compile(r"\b(?:gpu|device|cuda:)\s*(\d{1,3})\b", re.IGNORECASE)
 
@@ -80,7 +82,11 @@ def _bytes(num: str, unit: str) -> int:
 def classify_cuda(text: str) -> Signal | None:
     """The CUDA error or out-of-memory signal in one unwrapped line, or None."""
     low = text.lower()
-    if "out of memory" in low or "outofmemoryerror" in low or any(n.lower() in low for n in _OOM_NAMES):
+    if "search for `" in low:  # PyTorch's hint line names a cudaError* without reporting one
+        text = _HINT_RE.sub(" ", text)
+        low = text.lower()
+    if "out of memory" in low or "outofmemoryerror" in low or "oom when allocating" in low \
+            or any(n.lower() in low for n in _OOM_NAMES):
         sig = _oom(text, low)
         if sig is not None:
             return sig
@@ -94,6 +100,8 @@ def _oom(text: str, low: str) -> Signal | None:
                    or "outofmemoryerror" in low)
     if not gpu_context or "killed process" in low or "oom-kill" in low or "oom_kill" in low:
         return None  # the host OOM killer is not a GPU signal
+    if "not a failure" in low:
+        return None  # XLA/TF BFC allocator: "ran out of memory ... The caller indicates that this is not a failure"
     detail: dict[str, object] = {}
     gpu_index: int | None = None
     tried = _TRIED_RE.search(text)

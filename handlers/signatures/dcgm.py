@@ -112,7 +112,12 @@ _HEALTH: dict[str, MetricRule] = {
 _SERIES_RE = re.compile(r"\b(?P<name>DCGM_(?:FI|EXP)_[A-Z0-9_]+)\s*(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 _LABEL_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*=\s*\"((?:[^\"\\]|\\.)*)\"")
 _HEALTH_RE = re.compile(r"\b(DCGM_FR_[A-Z0-9_]+)\b")
-_XID_NUM_RE = re.compile(r"\bxid\s*[:= ]\s*(\d{1,4})\b|\bxid(\d{1,4})\b", re.IGNORECASE)
+# "xid=79", "XID 31", "Xid: 48", "xid79", and rendered alert texts "GPU 0 reported XID error 79".
+_XID_NUM_RE = re.compile(r"\bxid(?:\s+errors?)?\s*[:=# ]\s*(\d{1,4})\b|\bxid(\d{1,4})\b", re.IGNORECASE)
+# The GPU a DCGM health message names (NVSentinel condition text: "ErrorCode:DCGM_FR_XID_ERROR GPU:4
+# PCI:0000:c4:00.0 GPU_UUID:GPU-d181...").
+_HEALTH_GPU_RE = re.compile(r"\bGPU\s*[:=]\s*(\d{1,3})\b")
+_HEALTH_PCI_RE = re.compile(r"\bPCI\s*[:=]\s*([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\b")
 _DEVICE_NUM_RE = re.compile(r"^nvidia(\d+)$", re.IGNORECASE)
 _UUID_RE = re.compile(r"GPU-[0-9a-fA-F]{8}-[0-9a-fA-F-]{27}")
 
@@ -198,17 +203,30 @@ def _health_signal(code: str, text: str) -> Signal | None:
     if code in ("DCGM_FR_XID_ERROR", "DCGM_FR_XID"):
         x = _XID_NUM_RE.search(text)
         if x is None:
-            return Signal(kind="health_check", code=code, playbook="unknown-xid", is_fatal=True)
-        return xid_signal(int(x.group(1) or x.group(2)), extra={"dcgm_health": code})
+            return _health_gpu(Signal(kind="health_check", code=code, playbook="unknown-xid", is_fatal=True), text)
+        return _health_gpu(xid_signal(int(x.group(1) or x.group(2)), extra={"dcgm_health": code}), text)
     detail: dict[str, object] = {"dcgm_health": code}
     action = re.search(r"recommended\s+action\s*=\s*([A-Z_]+)", text, re.IGNORECASE)
     if action is not None:
         detail["recommended_action"] = action.group(1)
     if rule is None:
-        return Signal(kind="health_check", code=code, detail=freeze(detail))
+        return _health_gpu(Signal(kind="health_check", code=code, detail=freeze(detail)), text)
+    return _health_gpu(Signal(kind=rule.kind, code=code, playbook=rule.playbook, is_fatal=rule.is_fatal,
+                              detail=freeze(detail)), text)
+
+
+def _health_gpu(sig: Signal, text: str) -> Signal:
+    """``sig`` with the GPU index, PCI id and UUID that a DCGM health message names, where it names them."""
     uuid = _UUID_RE.search(text)
-    return Signal(kind=rule.kind, code=code, gpu_uuid=uuid.group(0) if uuid else None, playbook=rule.playbook,
-                  is_fatal=rule.is_fatal, detail=freeze(detail))
+    pci = _HEALTH_PCI_RE.search(text)
+    index = _HEALTH_GPU_RE.search(text)
+    if uuid is None and pci is None and index is None:
+        return sig
+    return Signal(kind=sig.kind, code=sig.code, xid=sig.xid,
+                  pci_bus_id=sig.pci_bus_id or (pci_or_none(pci.group(1)) if pci else None),
+                  gpu_index=sig.gpu_index if sig.gpu_index is not None else (int(index.group(1)) if index else None),
+                  gpu_uuid=sig.gpu_uuid or (uuid.group(0) if uuid else None), action=sig.action,
+                  playbook=sig.playbook, is_fatal=sig.is_fatal, detail=sig.detail)
 
 
 # --- alert labels ----------------------------------------------------------------------------------

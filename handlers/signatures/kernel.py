@@ -54,8 +54,10 @@ _PLUGIN_XID_RE = re.compile(
 _NVML_EVENT_RE = re.compile(r"eventtype\s*:\s*(?P<type>\d+)\s+eventdata\s*:\s*(?P<data>\d+)", re.IGNORECASE)
 # GKE node condition: "XidCriticalError  True ... {"31":true} <bootID>".
 _GKE_RE = re.compile(r"xidcriticalerror\b[^{\n]*\{(?P<set>\s*\"\d+\"\s*:\s*true[^}]*)\}", re.IGNORECASE)
-# EKS: reason NvidiaXID79Error / NvidiaXID13Warning, message "detected XID-79 on the instance".
-_EKS_RE = re.compile(r"nvidiaxid(?P<code>\d+)(?P<sev>error|warning)|detected\s+xid-(?P<code2>\d+)", re.IGNORECASE)
+# EKS: reason NvidiaXID79Error / NvidiaXID13Warning, message "detected XID-79 on the instance" (for codes outside
+# its fatal list "detected unknown XID-13 on the instance").
+_EKS_RE = re.compile(r"nvidiaxid(?P<code>\d+)(?P<sev>error|warning)|detected\s+(?:unknown\s+)?xid-(?P<code2>\d+)",
+                     re.IGNORECASE)
 _SXID_RE = re.compile(
     r"(?:(?P<sw>nvidia-nvswitch\d*)\s*:\s*)?\bsxid\s*[\[(]\s*(?:pci\s*:\s*)?(?P<pci>" + _PCI
     + r")?[^)\]\n]{0,40}[)\]]\s*[:,]?\s*(?P<code>\d{1,6})\b(?P<rest>.*)",
@@ -68,9 +70,11 @@ _IDENTITY_RE = re.compile(
 # The device plugin after an Xid: "'nvidia.com/gpu' device marked unhealthy: GPU-...".
 _UNHEALTHY_RE = re.compile(r"'?([\w./-]*gpu[\w./-]*)'?\s+device\s+marked\s+unhealthy", re.IGNORECASE)
 _OFF_BUS_RE = re.compile(r"fallen\s+off\s+the\s+bus", re.IGNORECASE)
-# A bare PCI id needs its domain (a time of day such as 11:38:47 has the same shape without one).
+# A bare PCI id needs its domain (a time of day such as 11:38:47 has the same shape without one); without a
+# domain only right after "GPU" and with the function digit ("NVRM: GPU 18:00.0: GPU has fallen off the bus.").
 _ANY_PCI_RE = re.compile(
-    r"(?:pci(?:\s*bus\s*id)?\s*[:=]?\s*(" + _PCI + r"))\b|\b([0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}(?:\.[0-7])?)\b",
+    r"(?:pci(?:\s*bus\s*id)?\s*[:=]?\s*(" + _PCI + r"))\b|\b([0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}(?:\.[0-7])?)\b"
+    r"|\bgpu\s+(?:at\s+)?([0-9a-f]{2}:[0-9a-f]{2}\.[0-7])\b",
     re.IGNORECASE,
 )
 _UUID_RE = re.compile(r"\bGPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b")
@@ -80,7 +84,9 @@ _LOST_RE = re.compile(
     re.IGNORECASE,
 )
 _INIT_FAIL_RE = re.compile(r"rminitadapter\s+failed|rm_init_adapter\s+failed", re.IGNORECASE)
-_GSP_HB_RE = re.compile(r"_?kgspIsHeartbeatTimedOut|gsp\s+heartbeat\s+timed?\s*out", re.IGNORECASE)
+# "_kgspIsHeartbeatTimedOut: Heartbeat timed out, ...", then "_kgspRpcRecvPoll: GSP RM heartbeat timed out" (or
+# "LibOS heartbeat timed out", LibOS being the GSP firmware's OS).
+_GSP_HB_RE = re.compile(r"_?kgspIsHeartbeatTimedOut|(?:gsp(?:\s+rm)?|libos)\s+heartbeat\s+timed?\s*out", re.IGNORECASE)
 _RESET_REQ_RE = re.compile(r"\bNV_ERR_RESET_REQUIRED\b", re.IGNORECASE)
 _RETIRE_FAIL_RE = re.compile(r"dynamic\s+page\s+retirement\s*:\s*blacklisting\s+failed", re.IGNORECASE)
 
@@ -229,7 +235,7 @@ def _is_sxid_at(text: str, start: int) -> bool:
 
 def _pci_in(text: str) -> str | None:
     for m in _ANY_PCI_RE.finditer(text):
-        pci = pci_or_none(m.group(1) or m.group(2))
+        pci = pci_or_none(m.group(1) or m.group(2) or m.group(3))
         if pci is not None:
             return pci
     return None

@@ -56,6 +56,18 @@ _PROGRESS_RE = re.compile(
     re.IGNORECASE | re.DOTALL,
 )
 _STUCK_RE = re.compile(r"watchdog\s+got\s+stuck\s+for\s+(\d+)\s+seconds", re.IGNORECASE)
+# The other ranks' side of a collective timeout (PyTorch 2.3+): "Received a dump signal due to a collective timeout
+# from this local rank / from  rank 6 ...", "Received a timeout signal from this local rank ...", "Received a global
+# timeout from another rank ...", the [F] exit line "... watchdog detected a collective timeout and notified current
+# rank", and the heartbeat monitor's exit "Terminating the process ..., due to ProcessGroupNCCL watchdog hang".
+_TIMEOUT_NOTICE_RE = re.compile(
+    r"(?P<notice>dump\s+signal\s+due\s+to\s+a\s+collective\s+timeout|received\s+a\s+(?:global\s+)?timeout(?:\s+signal)?"
+    r"\s+from|detected\s+a\s+collective\s+timeout)(?:\s+from)?\s*(?:(?P<local>this\s+local\s+rank)|rank\s+(?P<src>\d+))?"
+    r"|(?P<hang>watchdog\s+hang)",
+    re.IGNORECASE,
+)
+_LAST_WORK_RE = re.compile(r"last\s+enqueued(?:\s+nccl)?\s+work\s*:\s*(?P<enq>-?\d+).*?last\s+completed(?:\s+nccl)?"
+                           r"\s+work\s*:\s*(?P<done>-?\d+)", re.IGNORECASE | re.DOTALL)
 _WORKMETA_RE = re.compile(r"workMetaList_\.size\(\)\s*=\s*(\d+)", re.IGNORECASE)
 _DESYNC_RANKS_RE = re.compile(r"ranks\s+that\s+caused\s+the\s+desync\s+are\s*:?\s*\[?(?P<ranks>[\d,\s]*)\]?"
                               r"(?P<rest>.*)", re.IGNORECASE | re.DOTALL)
@@ -71,8 +83,10 @@ _IB_RE = re.compile(
     re.IGNORECASE,
 )
 _GID_RE = re.compile(r"localgid\s*(?P<local>\S+)\s+remotegids?\s*(?P<remote>\S+)", re.IGNORECASE)
-_SOCKET_RE = re.compile(r"call\s+to\s+(?P<op>recv|send|connect|accept|poll)\s+(?:from|to)?\s*(?P<peer>\S+?)"
-                        r"\s+failed\s*:\s*(?P<why>[^\n]+)", re.IGNORECASE)
+_SOCKET_RE = re.compile(r"(?:call\s+to\s+(?P<op>recv|send|connect|accept|poll)\s+(?:from|to)?|(?P<op2>connect)\s+to)"
+                        r"\s*(?P<peer>\S+?)\s+failed\s*:\s*(?P<why>[^\n]+)", re.IGNORECASE)
+_NCCL_SOCKET_FN_RE = re.compile(r"\bsocket(?:progressopt|progress|startconnect|pollconnect|finalizeconnect|tryaccept"
+                                r"|finalizeaccept|wait)\s*:", re.IGNORECASE)
 _SOCKET_CLOSED_RE = re.compile(r"connection\s+(?:closed|reset)\s+by\s+(?:remote\s+)?peer", re.IGNORECASE)
 _PROXY_RE = re.compile(r"\[proxy\s+service\s+(?P<svc>\d+)\]\s*failed\s+to\s+execute\s+operation\s+(?P<op>\w+)"
                        r"\s+from\s+rank\s+(?P<rank>\d+),\s*retcode\s+(?P<rc>\d+)", re.IGNORECASE)
@@ -82,6 +96,7 @@ _NCCL_ERR_IN_RE = re.compile(r"nccl\s+error\s+in\s*:\s*(?P<where>[^,]+),\s*(?P<w
                              r"(?P<ver>[\d.]+\S*))?\s*$", re.IGNORECASE | re.MULTILINE)
 _NCCL_RESULT_RE = re.compile(r"\b(nccl(?:UnhandledCudaError|SystemError|InternalError|InvalidArgument|InvalidUsage"
                              r"|RemoteError))\b", re.IGNORECASE)
+_RAISE_CHILD_RE = re.compile(r"\braise\s+childfailederror\s*\(", re.IGNORECASE)
 _ELASTIC_FAILED_RE = re.compile(
     r"failed\s*\(\s*exitcode\s*:\s*(?P<code>-?\d+)\s*\)\s*local_rank\s*:\s*(?P<lr>\d+)"
     r"(?:\s*\(\s*pid\s*:\s*(?P<pid>\d+)\s*\))?(?:\s*of\s+binary\s*:\s*(?P<bin>\S+))?",
@@ -96,12 +111,14 @@ def classify_nccl(text: str) -> Signal | None:
         sig = _elastic(text, low)
         if sig is not None:
             return sig
-    if "watchdog" in low or "heartbeat" in low or "desync" in low or "worknccl" in low \
+    if "watchdog" in low or "heartbeat" in low or "desync" in low or "worknccl" in low or "timeout" in low \
             or "nccl work" in low or "nccl operations" in low or "entire process down" in low:
         sig = _watchdog(text, low)
         if sig is not None:
             return sig
-    if "nccl" in low or "socketprogress" in low or "proxy service" in low:
+    if "nccl" in low or "proxy service" in low:
+        return _nccl_error(text, low)
+    if "socket" in low and _NCCL_SOCKET_FN_RE.search(text):  # NCCL's "Last error:" line, e.g. "socketStartConnect: ..."
         return _nccl_error(text, low)
     return None
 
@@ -153,6 +170,15 @@ def _watchdog(text: str, low: str) -> Signal | None:
     if s is not None:
         detail["stuck_s"] = int(s.group(1))
         return _timeout("watchdog_stuck", detail)
+    n = _TIMEOUT_NOTICE_RE.search(text)
+    if n is not None:
+        if n.group("hang"):
+            return _timeout("watchdog_stuck", detail)
+        w = _LAST_WORK_RE.search(text, n.end())
+        if w is not None:
+            detail.update(last_enqueued=int(w.group("enq")), last_completed=int(w.group("done")))
+        detail["timeout_rank"] = detail.get("rank") if n.group("local") else to_int(n.group("src"))
+        return _timeout("collective_timeout_notice", detail)
     if "desync" in low:
         d = _DESYNC_RANKS_RE.search(text)
         if d is not None:
@@ -181,6 +207,8 @@ def _nccl_error(text: str, low: str) -> Signal | None:
     warn = "nccl warn" in low
     if not warn and "nccl info" in low:
         return None  # INFO chatter, including the "-> <rc>" return-code trace lines
+    if "segfault at" in low and "libnccl" in low:  # kernel: "pt_main_thread[..]: segfault at .. in libnccl.so.2[..]"
+        return Signal(kind="nccl_error", code="segfault", detail=freeze({"message": text.strip()[:256]}))
     if warn:
         if "net/plugin" in low and ("no plugin" in low or "could not find" in low or "load returned" in low
                                     or "failed to find" in low or "cannot open shared object" in low):
@@ -226,7 +254,7 @@ def _nccl_error(text: str, low: str) -> Signal | None:
     if code is None and e is None:
         s = _SOCKET_RE.search(text)
         if s is not None:
-            detail.update(socket_op=s.group("op").lower(), peer=s.group("peer"),
+            detail.update(socket_op=(s.group("op") or s.group("op2")).lower(), peer=s.group("peer"),
                           reason=s.group("why").strip()[:128])
             return Signal(kind="nccl_error", code="socket_error", detail=freeze(detail))
         if _SOCKET_CLOSED_RE.search(text) and ("socket" in low or warn):
@@ -252,6 +280,8 @@ def _elastic(text: str, low: str) -> Signal | None:
         exit_code = int(m.group("code"))
         detail.update(local_rank=int(m.group("lr")), pid=to_int(m.group("pid")), binary=m.group("bin"))
     elif "childfailederror" in low:
+        if _RAISE_CHILD_RE.search(text) and low.count("childfailederror") == 1:
+            return None  # the traceback's source line, not the report (that is "...errors.ChildFailedError:")
         return Signal(kind="job_failure", code="ChildFailedError", detail=freeze({"reporter": "torch.elastic"}))
     else:
         return None
