@@ -1,8 +1,9 @@
 """Dispatch: FAULTS → handlers → REMEDIATIONS, with each node's history kept in KV by compare-and-set.
 
 Where it sits: after ingest and the node agents (which publish ``FaultEvent``s on ``faults.<source>.<node>``)
-and before the executor (which consumes ``Decision``s on ``remediation.<node>``). It owns the durable pull
-consumer ``dispatch`` on FAULTS.
+and before the executor (which consumes ``Decision``s on ``remediation.<node>``). ``on_message`` handles the
+deliveries of the durable pull consumer ``dispatch`` on FAULTS, subscribed on faststream by
+``remediator.consumers``.
 
 Per message: parse the event → drop it if its id is already in the history (a replay older than the
 JetStream duplicate window) → audit ``event_accepted`` → for each matching handler, ``decide`` over the
@@ -12,20 +13,18 @@ redelivers the message; the history then already holds the event, and an inciden
 decision re-published under the same id, which JetStream drops if it already arrived. So every decision is
 published at least once and acted on at most once.
 
-Messages of one node are handled in order; different nodes run concurrently.
+Messages of one node are handled in order; different nodes run concurrently (``remediator.consumers`` says how).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
@@ -34,13 +33,13 @@ from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
 from handlers.base import REGISTRY, HandlerRegistry, HandlerSpec, Verdict, incident_id_for
+from remediator import consumers
 from remediator.audit import AuditLog
 from remediator.bus import PermanentError, dead_letter_publisher, settle
 from remediator.contracts import Decision, FaultEvent, utcnow
 from remediator.settings import Settings
 from remediator.state import StateConflict, StateStore
 from remediator.subjects import (
-    FAULTS_STREAM,
     STATE_BUCKET,
     node_from_token,
     node_key,
@@ -81,7 +80,8 @@ class DispatchStats:
 
 
 class Dispatcher:
-    """Runs the handlers over FAULTS. ``handle`` is the whole per-event logic; ``run`` is the consumer loop."""
+    """Runs the handlers over FAULTS. ``handle`` is the whole per-event logic; ``on_message`` one delivery;
+    ``run`` consumes until stopped."""
 
     def __init__(self, nc: NATS, js: JetStreamContext, state_kv: KeyValue, settings: Settings, audit: AuditLog,
                  registry: HandlerRegistry = REGISTRY, clock: Callable[[], datetime] = utcnow,
@@ -200,9 +200,11 @@ class Dispatcher:
             out.append(decision)
         return out
 
-    # --- the consumer loop --------------------------------------------------------------------------
+    # --- one delivery -------------------------------------------------------------------------------
 
-    async def _on_message(self, msg: Msg) -> None:
+    async def on_message(self, msg: Msg) -> None:
+        """Handle one FAULTS delivery and settle it (``bus.settle``): the entry point of the ``dispatch``
+        subscriber (``remediator.consumers``), which calls it for one node's messages in order."""
         error: BaseException | None = None
         try:
             try:
@@ -226,29 +228,11 @@ class Dispatcher:
         await self._audit.append(node, "dead_letter", reason, after={"subject": msg.subject, "moved_to": subject})
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Consume FAULTS until ``stop`` is set; per-node order, nodes in parallel."""
-        psub = await self._js.pull_subscribe_bind(DISPATCH_DURABLE, stream=FAULTS_STREAM)
-        try:
-            while not stop.is_set():
-                try:
-                    msgs = await psub.fetch(self._batch, timeout=0.5)
-                except (TimeoutError, nats.errors.TimeoutError):
-                    continue
-                except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError,
-                        nats.errors.NoRespondersError):
-                    await asyncio.sleep(0.5)
-                    continue
-                by_node: dict[str, list[Msg]] = {}
-                for m in msgs:
-                    by_node.setdefault(m.subject.rsplit(".", 1)[-1], []).append(m)
-                await asyncio.gather(*(self._in_order(group) for group in by_node.values()))
-        finally:
-            with contextlib.suppress(Exception):
-                await psub.unsubscribe()
-
-    async def _in_order(self, msgs: list[Msg]) -> None:
-        for m in msgs:
-            await self._on_message(m)
+        """Consume FAULTS until ``stop`` is set: the ``dispatch`` subscriber alone, on a faststream broker with
+        its own connection to the servers of ``nc`` (the service runs it on one broker with the executor's)."""
+        broker = consumers.broker_like(self._nc, "dispatch")
+        consumers.declare_dispatch(broker, self, batch=self._batch)
+        await consumers.run_until(broker, self._js, (consumers.DISPATCH,), stop)
 
 
 __all__ = ["DISPATCH_DURABLE", "DispatchStats", "Dispatcher", "history_key"]

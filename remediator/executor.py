@@ -1,7 +1,8 @@
 """The executor: runs each decision's playbook behind the safety rails, crash-safe and audited.
 
-Where it sits: after dispatch. It consumes REMEDIATIONS (durable pull consumer ``executor``, explicit ack
-through ``bus.settle``) and, per decision:
+Where it sits: after dispatch. ``on_message`` handles the deliveries of REMEDIATIONS (durable pull consumer
+``executor``, subscribed on faststream by ``remediator.consumers``; explicit ack through ``bus.settle``) and,
+per decision:
 
 1. reads the run record ``run.<incident>`` (KV ``remediator-state``); a finished run is acked again;
 2. takes the node lock (KV ``remediator-locks`` ``node.<node>``, create-if-absent, renewed while running,
@@ -56,10 +57,10 @@ from playbooks.steps import (
     placed_by_us,
     quarantine_of,
 )
-from remediator import safety
+from remediator import consumers, safety
 from remediator.adapters.kube import DrainTimeout, KubePermanentError, KubeTemporaryError, NotFound
 from remediator.agent_client import AgentUnavailable
-from remediator.bus import EXECUTOR_CONSUMER, PermanentError, TemporaryError, settle
+from remediator.bus import PermanentError, TemporaryError, settle
 from remediator.contracts import Decision, StepRecord, utcnow
 from remediator.safety import Attempt, BreakerState, GuardVerdict, PoolUsage, SafetyPolicy, SafetySnapshot
 from remediator.settings import Settings
@@ -282,7 +283,8 @@ class KvDoc:
 
 
 class Executor:
-    """Runs decisions' playbooks; ``run`` is the consumer loop, ``execute`` one decision (for tests)."""
+    """Runs decisions' playbooks; ``execute`` one decision, ``on_message`` one delivery, ``run`` consumes until
+    stopped."""
 
     def __init__(self, nc: NATS, js: JetStreamContext, settings: Settings, kube: KubeOps, audit: AuditOps,
                  playbooks: PlaybookCatalog, agents: AgentOps, clock: Callable[[], datetime] = utcnow, *,
@@ -745,9 +747,11 @@ class Executor:
             return f"{ctx.node} was uncordoned"
         return ""
 
-    # --- the consumer loop ------------------------------------------------------------------------
+    # --- one delivery -----------------------------------------------------------------------------
 
-    async def _on_message(self, msg: Msg) -> None:
+    async def on_message(self, msg: Msg) -> None:
+        """Execute one REMEDIATIONS delivery and settle it (``bus.settle``): the entry point of the
+        ``executor`` subscriber (``remediator.consumers``), which runs ``executor_concurrency`` at once."""
         error: BaseException | None = None
         try:
             try:
@@ -771,36 +775,13 @@ class Executor:
             await self.audit.append(None, "dead_letter", why, after={"subject": msg.subject})
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Consume REMEDIATIONS until ``stop`` is set, at most ``executor_concurrency`` decisions at once."""
+        """Consume REMEDIATIONS until ``stop`` is set, at most ``executor_concurrency`` decisions at once: the
+        ``executor`` subscriber alone, on a faststream broker with its own connection to the servers of ``nc``
+        (the service runs it on one broker with dispatch's)."""
         await self._kvs()
-        psub = await self._js.pull_subscribe_bind(EXECUTOR_CONSUMER, stream=REMEDIATIONS_STREAM)
-        limit = self.settings.executor_concurrency
-        running: set[asyncio.Task[None]] = set()
-        try:
-            while not stop.is_set():
-                free = limit - len(running)
-                if free <= 0:
-                    await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED, timeout=0.5)
-                    continue
-                try:
-                    msgs = await psub.fetch(free, timeout=0.5)
-                except (TimeoutError, nats.errors.TimeoutError):
-                    continue
-                except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError,
-                        nats.errors.NoRespondersError):
-                    await asyncio.sleep(0.5)
-                    continue
-                for m in msgs:
-                    t = asyncio.create_task(self._on_message(m))
-                    running.add(t)
-                    t.add_done_callback(running.discard)
-        finally:
-            if running:
-                _done, pending = await asyncio.wait(running, timeout=10)
-                for t in pending:
-                    t.cancel()
-            with contextlib.suppress(Exception):
-                await psub.unsubscribe()
+        broker = consumers.broker_like(self._nc, "executor")
+        consumers.declare_executor(broker, self, concurrency=self.settings.executor_concurrency)
+        await consumers.run_until(broker, self._js, (consumers.EXECUTOR,), stop)
 
     def close(self) -> None:
         """Stop the worker threads of Kubernetes calls (after ``run`` returned)."""

@@ -5,6 +5,10 @@ everything else. It connects to NATS (or starts an embedded ``nats-server`` when
 provisions the bus in development, and runs three concurrent parts until asked to stop:
 
     uvicorn(ingest app) ──► FAULTS ──► Dispatcher ──► REMEDIATIONS ──► Executor ──► Kubernetes / agents
+
+The two consumers are faststream subscribers (``remediator.consumers``) on one ``NatsBroker``, started inside
+this event loop with a second connection of its own; ingest, the dispatcher's and executor's publishes, KV
+and the audit trail use the first.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from datetime import datetime
 from typing import Any
 
 import uvicorn
+from faststream.nats import NatsBroker
 from nats.aio.client import Client as NATS
 from nats.js.client import JetStreamContext
 
@@ -27,7 +32,7 @@ import handlers
 from handlers import xid as xid_handler
 from handlers.base import REGISTRY
 from playbooks.catalog import PlaybookCatalog
-from remediator import bus
+from remediator import bus, consumers
 from remediator.adapters.kube import KubeAdapter
 from remediator.agent_client import AgentClient
 from remediator.audit import AuditLog
@@ -70,6 +75,7 @@ class Service:
     dispatcher: Dispatcher | None = None
     executor: Executor | None = None
     kube: KubeAdapter | None = None
+    broker: NatsBroker | None = None
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     _http: uvicorn.Server | None = None
@@ -102,8 +108,10 @@ class Service:
         self.kube = KubeAdapter.from_settings(s)
         self.executor = Executor(self.nc, self.js, s, self.kube, self.audit, PlaybookCatalog.load(),
                                  AgentClient(self.nc), clock=self.clock)
-        self._tasks.append(asyncio.create_task(self.dispatcher.run(self._stop), name="dispatch"))
-        self._tasks.append(asyncio.create_task(self.executor.run(self._stop), name="executor"))
+        self.broker = consumers.consumer_broker(self.nats_url, name=f"{actor}-consumers")
+        consumers.declare_dispatch(self.broker, self.dispatcher)
+        consumers.declare_executor(self.broker, self.executor, concurrency=s.executor_concurrency)
+        await consumers.start(self.broker, self.js, (consumers.DISPATCH, consumers.EXECUTOR))
         if self.http_enabled:
             app = create_app(settings=s, nc=self.nc, js=self.js, audit=self.audit)
             config = uvicorn.Config(app, host=s.http_host, port=s.http_port, log_level="warning",
@@ -128,6 +136,8 @@ class Service:
         self._stop.set()
         if self._http is not None:
             self._http.should_exit = True
+        if self.broker is not None:  # stops fetching, lets running handlers finish, then cancels them
+            await self.broker.stop()
         if self._tasks:
             _done, pending = await asyncio.wait(self._tasks, timeout=10)
             for t in pending:
