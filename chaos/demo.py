@@ -84,7 +84,7 @@ def standard_faults() -> list[Fault]:
         Fault("xid74-nvlink", "agent", "xid", 74, "gpu-node-6", 4, "nvlink", (*ok, "escalated"),
               agent_xid("NVLink: fatal error detected on link 14(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)"),
               drained_then_returned),
-        Fault("orphaned-memory", "agent", "memory_leak", "orphan", "gpu-node-0", 6, "memory-leak", ok,
+        Fault("orphaned-memory", "agent", "memory_leak", "orphaned_memory", "gpu-node-0", 6, "memory-leak", ok,
               agent_orphan, orphan_killed),
         Fault("nccl-timeout-no-suspect", "agent", "nccl_timeout", "watchdog_timeout", "gpu-node-4", None,
               "nccl-timeout-no-suspect", ok, nccl_ranks("pytorch-1", lagging=None), job_restarted("pytorch-1", None)),

@@ -599,7 +599,7 @@ def _fault(spec: FaultSpec, node: str, expect: FaultExpect) -> Fault:
         return Fault(name, "agent", "ecc", code, node, spec.gpu, expect.playbook, outcomes,
                      sc.agent_ecc(dbe=spec.dbe, remap_pending=spec.remap_pending), check)
     if isinstance(spec, AgentOrphanSpec):
-        return Fault(name, "agent", "memory_leak", "orphan", node, spec.gpu, expect.playbook, outcomes,
+        return Fault(name, "agent", "memory_leak", "orphaned_memory", node, spec.gpu, expect.playbook, outcomes,
                      sc.agent_orphan, check)
     return Fault(name, "agent", "nccl_timeout", "watchdog_timeout", node, None, expect.playbook, outcomes,
                  sc.nccl_ranks(spec.job, spec.lagging), check)
