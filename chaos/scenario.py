@@ -757,12 +757,13 @@ def match_events(records: list[AuditRecord], world: World, f: Fault) -> set[str]
     for r in records:
         if r.what != "event_accepted" or r.event_id is None or r.time < world.started:
             continue
-        if not r.why.startswith(f"{f.kind} "):
+        kind_code = r.why.split(" from ", 1)[0]  # dispatch writes "<kind> <code> from <source>"
+        if not kind_code.startswith(f"{f.kind} "):
             continue
         if f.kind.startswith("nccl"):
             if r.job == f.job:
                 ids.add(r.event_id)
-        elif r.node == f.node and r.gpu == gpu_key and r.why.startswith(f"{f.kind} {f.code}"):
+        elif r.node == f.node and r.gpu == gpu_key and kind_code == f"{f.kind} {f.code}":
             ids.add(r.event_id)
     return ids
 
@@ -888,11 +889,12 @@ async def start_replica(world: World, kube: KubeApiServer | None = None) -> Repl
     return replica
 
 
-def mirror_pods(cluster: ClusterState, fleet: SimFleet) -> None:
+def mirror_pods(cluster: ClusterState, fleet: SimFleet | Mapping[str, SimGpuNode]) -> None:
     """What the kubelet knows on each simulated node: its pods, and the training pods' GPU processes."""
+    nodes = fleet.nodes if isinstance(fleet, SimFleet) else fleet
     pid = 20_000
     for node in cluster.node_names():
-        sim = fleet.nodes[node]
+        sim = nodes[node]
         for pod in cluster.pods_on(node):
             meta = pod["metadata"]
             labels = meta.get("labels", {})

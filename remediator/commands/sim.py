@@ -1,8 +1,12 @@
 """``remediator sim``: the simulated cluster alone, in the foreground.
 
 Where it sits: a composition-root subcommand (DESIGN.md §10). It seeds a ``chaos.sim`` cluster of N GPU
-nodes, serves its Kubernetes API on 127.0.0.1:PORT, writes a kubeconfig for it, and runs until SIGTERM or
-SIGINT, then exits 0. The chaos package is imported inside the command, so loading the CLI never loads it.
+nodes, serves its Kubernetes API on 127.0.0.1:PORT, writes a kubeconfig for it, lays out one simulated GPU
+node per Kubernetes node under ``--gpu-state`` (its pods and their GPU processes mirrored from the cluster),
+and runs until SIGTERM or SIGINT, then exits 0. Point a real agent at a simulated node with
+``remediator agent --node gpu-node-0 --sim-gpus 8 --state <gpu-state>/gpu-node-0``, and inject faults into it
+from Python with ``SimGpuNode.attach(<gpu-state>/gpu-node-0/sim)``. The chaos package is imported inside
+the command, so loading the CLI never loads it.
 """
 
 from __future__ import annotations
@@ -26,12 +30,21 @@ import click
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--pools", type=click.IntRange(min=1), default=1, show_default=True,
               help="Split the nodes into this many pools (pool-a, pool-b, ...).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (url, kubeconfig, nodes) on stdout.")
-def sim(nodes: int, port: int, kubeconfig_out: Path, gpus_per_node: int, pools: int, as_json: bool) -> None:
-    """Serve a simulated GPU cluster's Kubernetes API until SIGTERM/SIGINT."""
+@click.option("--gpu-state", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Directory of the simulated GPU nodes (default: gpu-nodes/ beside the kubeconfig).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON document (url, kubeconfig, nodes, gpu_state) on stdout.")
+def sim(nodes: int, port: int, kubeconfig_out: Path, gpus_per_node: int, pools: int, gpu_state: Path | None,
+        as_json: bool) -> None:
+    """Serve a simulated GPU cluster (Kubernetes API and GPU nodes) until SIGTERM/SIGINT."""
+    from chaos.scenario import mirror_pods
     from chaos.sim import KubeApiServer, seed_cluster
+    from chaos.sim.gpu_node import SimGpuNode
 
     state = seed_cluster(nodes, gpus_per_node=gpus_per_node, pools=pools)
+    gpu_root = gpu_state or kubeconfig_out.resolve().parent / "gpu-nodes"
+    gpu_nodes = {n: SimGpuNode(gpu_root / n / "sim", name=n, gpus=gpus_per_node) for n in state.node_names()}
+    mirror_pods(state, gpu_nodes)
     stop = threading.Event()
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:
@@ -46,9 +59,12 @@ def sim(nodes: int, port: int, kubeconfig_out: Path, gpus_per_node: int, pools: 
         try:
             path = server.write_kubeconfig(kubeconfig_out)
             click.echo(f"simulated cluster: {nodes} GPU nodes (gpu-node-0 … gpu-node-{nodes - 1}), "
-                       f"Kubernetes API at {server.url}, kubeconfig {path}", err=True)
+                       f"Kubernetes API at {server.url}, kubeconfig {path}, GPU nodes under {gpu_root} "
+                       f"(remediator agent --node gpu-node-0 --sim-gpus {gpus_per_node} --state "
+                       f"{gpu_root / 'gpu-node-0'})", err=True)
             if as_json:
-                click.echo(json.dumps({"url": server.url, "kubeconfig": str(path), "nodes": nodes}))
+                click.echo(json.dumps({"url": server.url, "kubeconfig": str(path), "nodes": nodes,
+                                       "gpu_state": str(gpu_root)}))
             sys.stdout.flush()
             while not stop.wait(0.5):
                 pass

@@ -404,6 +404,12 @@ def test_remediator_sim_serves_until_signalled(tmp_path: Path, stop_signal: sign
             with urllib.request.urlopen(info["url"] + "/api/v1/nodes", timeout=10) as resp:
                 names = [n["metadata"]["name"] for n in json.load(resp)["items"]]
             assert names == ["gpu-node-0", "gpu-node-1", "gpu-node-2"]
+            # the simulated GPU nodes mirror the cluster: each knows its pods and their GPU processes
+            from chaos.sim.gpu_node import SimGpuNode
+
+            gpu_node = SimGpuNode.attach(Path(info["gpu_state"]) / "gpu-node-1" / "sim")
+            assert gpu_node.name == "gpu-node-1" and gpu_node.gpu_count() == 8
+            assert any(gpu_node.gpu_state(i)["processes"] for i in range(8))
             proc.send_signal(stop_signal)
             assert proc.wait(timeout=20) == 0
             assert "Kubernetes API at " + info["url"] in proc.stderr.read()
