@@ -297,6 +297,15 @@ async def provision(js: JetStreamContext, settings: Settings, *, replicas: int =
     return done
 
 
+async def provision_at(url: str, settings: Settings, *, name: str = "remediator-provision") -> list[str]:
+    """``provision`` over a connection of its own to ``url`` (benchmarks and tools that need just that)."""
+    nc, js = await connect(url, name=name)
+    try:
+        return await provision(js, settings)
+    finally:
+        await nc.close()
+
+
 # --- publishing -----------------------------------------------------------------------------------
 
 

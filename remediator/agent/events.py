@@ -24,6 +24,7 @@ orphaned memory             ``agent|<node>|<boot id>|orphan|<gpu>|<sorted pids>`
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -59,6 +60,17 @@ class EventSink(Protocol):
     async def submit(self, events: Sequence[FaultEvent]) -> None:
         """Return once every event is acked by JetStream or spooled; raise ``SpoolFull`` when neither."""
         ...
+
+
+async def submit_when_room(sink: EventSink, events: Sequence[FaultEvent], retry_s: float) -> None:
+    """Hand ``events`` to ``sink``, waiting ``retry_s`` between tries while the spool is full: a watcher
+    keeps its batch (and its read position) rather than dropping events."""
+    while events:
+        try:
+            await sink.submit(events)
+            return
+        except SpoolFull:
+            await asyncio.sleep(retry_s)
 
 
 class GpuDirectory:

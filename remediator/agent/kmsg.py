@@ -39,9 +39,9 @@ from remediator.agent.events import (
     Clock,
     EventSink,
     GpuDirectory,
-    SpoolFull,
     detail_labels,
     make_event,
+    submit_when_room,
 )
 from remediator.agent.follow import FileFollower
 from remediator.agent.state import StateStore
@@ -353,12 +353,7 @@ class KernelLogWatcher:
                     continue
                 self.lines_read += len(lines)
                 events = self.to_events(lines)
-                while events:
-                    try:
-                        await self.sink.submit(events)
-                        break
-                    except SpoolFull:
-                        await asyncio.sleep(self.retry_s)
+                await submit_when_room(self.sink, events, self.retry_s)
                 self.events_published += len(events)
                 self.save()
         finally:

@@ -26,7 +26,7 @@ from types import TracebackType
 from typing import Any
 
 from remediator.agent.commands import CommandResponder
-from remediator.agent.events import Clock, GpuDirectory, SpoolFull
+from remediator.agent.events import Clock, GpuDirectory, submit_when_room
 from remediator.agent.host import GpuBackend, GpuSnapshot, HostRunner, PodView, RunResult
 from remediator.agent.journal import DEFAULT_LOOKBACK_S, JournalSource
 from remediator.agent.kmsg import KernelLogWatcher, KernelSource, open_kernel_source
@@ -225,12 +225,7 @@ class Agent:
 
     async def submit(self, events: Sequence[FaultEvent]) -> None:
         """Hand ``events`` to the publisher, waiting while the spool is full."""
-        while events:
-            try:
-                await self.publisher.submit(events)
-                return
-            except SpoolFull:
-                await asyncio.sleep(1.0)
+        await submit_when_room(self.publisher, events, 1.0)
 
     def _snapshots(self) -> list[GpuSnapshot]:
         assert self.gpus is not None

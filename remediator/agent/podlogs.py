@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from handlers.signatures import anchored_lines, classify_line
-from remediator.agent.events import Clock, EventSink, SpoolFull, detail_labels, make_event
+from remediator.agent.events import Clock, EventSink, detail_labels, make_event, submit_when_room
 from remediator.agent.follow import Chunk, FileFollower
 from remediator.agent.state import StateStore
 from remediator.contracts import FaultEvent, utcnow
@@ -256,12 +256,7 @@ class PodLogScanner:
                 self.discover()
                 next_rescan = now + self.rescan_interval_s
             events = self.scan_once()
-            while events:
-                try:
-                    await self.sink.submit(events)
-                    break
-                except SpoolFull:
-                    await asyncio.sleep(self.retry_s)
+            await submit_when_room(self.sink, events, self.retry_s)
             self.events_published += len(events)
             positions = self.positions()
             if positions != last_saved:

@@ -38,26 +38,17 @@ def _status_kb(pid: int, key: str) -> int:
     return 0
 
 
-async def _provision(url: str) -> None:
-    from remediator import bus
-    from remediator.settings import Settings
-
-    nc, js = await bus.connect(url, name="bench-agent-idle")
-    try:
-        await bus.provision(js, Settings())
-    finally:
-        await nc.close()
-
-
 def run(seconds: float = 20.0, *, gpus: int = 8, warmup_s: float = 5.0,
         progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Measure the idle agent; the returned figures are ``rss_mb``, ``cpu_percent`` and friends."""
     from chaos.sim.gpu_node import GIB, SimGpuNode
+    from remediator import bus
     from remediator.natsd import EmbeddedNats
+    from remediator.settings import Settings
 
     say = progress or (lambda _m: None)
     with EmbeddedNats() as nats_server, tempfile.TemporaryDirectory(prefix="bench-agent-") as tmp:
-        asyncio.run(_provision(nats_server.url))
+        asyncio.run(bus.provision_at(nats_server.url, Settings(), name="bench-agent-idle"))
         state = Path(tmp) / "state"
         sim = SimGpuNode(state / "sim", name="bench-node", gpus=gpus)
         for i in range(gpus):

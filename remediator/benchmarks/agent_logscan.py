@@ -138,23 +138,14 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _provision(url: str) -> None:
-    from remediator import bus
-    from remediator.settings import Settings
-
-    nc, js = await bus.connect(url, name="bench-agent-logscan")
-    try:
-        await bus.provision(js, Settings())
-    finally:
-        await nc.close()
-
-
 def agent(seconds: float = 20.0, *, rate: float = 2000.0, signal_every: int = 10_000) -> dict[str, Any]:
     """The agent process following 8 pod logs while ``rate`` lines/s are appended for ``seconds``."""
+    from remediator import bus
     from remediator.natsd import EmbeddedNats
+    from remediator.settings import Settings
 
     with EmbeddedNats() as nats_server, tempfile.TemporaryDirectory(prefix="bench-logscan-") as tmp:
-        asyncio.run(_provision(nats_server.url))
+        asyncio.run(bus.provision_at(nats_server.url, Settings(), name="bench-agent-logscan"))
         root = Path(tmp) / "pods"
         _write_logs(root, PODS, signal_every)
         argv = [sys.executable, "-c", "from remediator.cli import main; main()", "agent", "--node", "bench-node",
