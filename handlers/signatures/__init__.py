@@ -31,7 +31,7 @@ from handlers.signatures.dcgm import (
     signal_from_alert,
 )
 from handlers.signatures.kernel import classify_kernel, gpu_identity
-from handlers.signatures.model import Signal, unwrap_line
+from handlers.signatures.model import Signal, json_fields, unwrap_line
 from handlers.signatures.nccl import classify_nccl
 
 __all__ = [
@@ -73,7 +73,7 @@ _DELETE = bytes(c for c in range(256) if _LOWER[c] not in _ALPHABET and c != 10)
 _KERNEL = ("xid", "nvrm", "lost", "off the bus", "eventdata", "heartbeat", "unhealthy")
 _CUDA = ("cuda", "out of memory", "oom when allocating")
 _NCCL_FIRST = ("nccl warn", "nccl error in", "ncclunhandledcudaerror", "ncclsystemerror", "ncclinternalerror",
-               "ncclremoteerror", "ncclinvalid")
+               "ncclremoteerror", "ncclinvalid", "test nccl failure")
 _NCCL = ("nccl", "watchdog", "heartbeat", "desync", "exitcode", "childfailed", "socket",
          "entire process down")  # plain lower-case substrings: a superset of the anchors above
 
@@ -126,11 +126,25 @@ def classify_line(line: str) -> Signal | None:
 
 
 def _parse(line: str) -> Signal | None:
-    """``classify_line`` after the gate: unwrap and hand to the families."""
+    """``classify_line`` after the gate: unwrap and hand to the families.
+
+    A JSON record whose message field says nothing gets a second look at its other string fields: agents
+    and loggers put the kernel line or the exception beside the message (``"line"``, ``"error"``,
+    ``"exc_info"``, ``details.message``). That costs nothing on the hot path: it runs only for anchored
+    lines that are JSON and gave no signal.
+    """
     text = unwrap_line(line)
     try:
-        return _classify(text, text.lower())
-    except (ValueError, IndexError, OverflowError, KeyError):  # a malformed line is noise, never a crash
+        sig = _classify(text, text.lower())
+        if sig is None and "{" in line:
+            for value in json_fields(line):
+                if value != text and has_anchor(value):
+                    inner = unwrap_line(value)
+                    sig = _classify(inner, inner.lower())
+                    if sig is not None:
+                        break
+        return sig
+    except (ValueError, IndexError, OverflowError, KeyError, RecursionError):  # a malformed line is noise
         return None
 
 

@@ -337,6 +337,8 @@ def signal_from_alert(labels: Mapping[str, str], annotations: Mapping[str, str],
             return sig
         if name in _XID_METRICS:
             x = _xid_in_texts(texts)
+            if x == 0:
+                return None  # "reported XID error 0": the rendered value of a last-Xid gauge back at zero
             if x is not None:
                 return _with_gpu(xid_signal(x, extra=_label_detail(labels, name, value)), labels)
     health = [m for t in texts for m in _HEALTH_RE.findall(t)]
@@ -350,6 +352,8 @@ def signal_from_alert(labels: Mapping[str, str], annotations: Mapping[str, str],
         return None
     if re.search(r"xid", alertname, re.IGNORECASE) or any(m in _XID_METRICS for m in metrics):
         x = _xid_in_texts(texts)
+        if x == 0:
+            return None  # Xid 0 does not exist: the alert text rendered a zero value
         if x is None:
             return _with_gpu(Signal(kind="health_check", code="xid_unknown", playbook="unknown-xid", is_fatal=True,
                                     detail=freeze(_label_detail(labels, None, value))), labels)

@@ -50,8 +50,13 @@ _PLUGIN_XID_RE = re.compile(
     r"xidcriticalerror\s*:?\s*xid\s*=\s*(?P<code>\d+)(?:\s+on\s+device\s*=\s*(?P<dev>[^\s;,]+))?",
     re.IGNORECASE,
 )
-# The device plugin's NVML event dump: "Processing event {Device:{...} EventType:8 EventData:94 ...}".
-_NVML_EVENT_RE = re.compile(r"eventtype\s*:\s*(?P<type>\d+)\s+eventdata\s*:\s*(?P<data>\d+)", re.IGNORECASE)
+# The device plugin's NVML event dump: "Processing event {Device:{...} EventType:8 EventData:94 ...}", in 2019
+# plugins "{UUID:0xc000318220 Etype:2 Edata:0}", and the DRA driver's "Data=0, Type=2, GI=..., CI=...".
+_NVML_EVENT_RE = re.compile(
+    r"\be(?:vent)?type\s*:\s*(?P<type>\d+)\s+e(?:vent)?data\s*:\s*(?P<data>\d+)"
+    r"|\bdata\s*=\s*(?P<data2>\d+)\s*,\s*type\s*=\s*(?P<type2>\d+)\s*,\s*gi\s*=",
+    re.IGNORECASE,
+)
 # GKE node condition: "XidCriticalError  True ... {"31":true} <bootID>".
 _GKE_RE = re.compile(r"xidcriticalerror\b[^{\n]*\{(?P<set>\s*\"\d+\"\s*:\s*true[^}]*)\}", re.IGNORECASE)
 # EKS: reason NvidiaXID79Error / NvidiaXID13Warning, message "detected XID-79 on the instance" (for codes outside
@@ -72,8 +77,10 @@ _UNHEALTHY_RE = re.compile(r"'?([\w./-]*gpu[\w./-]*)'?\s+device\s+marked\s+unhea
 _OFF_BUS_RE = re.compile(r"fallen\s+off\s+the\s+bus", re.IGNORECASE)
 # A bare PCI id needs its domain (a time of day such as 11:38:47 has the same shape without one); without a
 # domain only right after "GPU" and with the function digit ("NVRM: GPU 18:00.0: GPU has fallen off the bus.").
+# nvidia-smi glues the word to the id: "Unable to determine the device handle for GPU0000:41:00.0: GPU is lost".
 _ANY_PCI_RE = re.compile(
-    r"(?:pci(?:\s*bus\s*id)?\s*[:=]?\s*(" + _PCI + r"))\b|\b([0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}(?:\.[0-7])?)\b"
+    r"(?:pci(?:\s*bus\s*id)?\s*[:=]?\s*(" + _PCI + r"))\b"
+    r"|\b(?:gpu)?([0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}(?:\.[0-7])?)\b"
     r"|\bgpu\s+(?:at\s+)?([0-9a-f]{2}:[0-9a-f]{2}\.[0-7])\b",
     re.IGNORECASE,
 )
@@ -276,10 +283,12 @@ def _orchestrator_xid(text: str) -> Signal | None:
         return xid_signal(int(m.group("code")), _pci_in(dev) if uuid is None else None, gpu_uuid=uuid,
                           extra={"reporter": "k8s-device-plugin"})
     e = _NVML_EVENT_RE.search(text)
-    if e is not None and int(e.group("type")) == 8:  # nvmlEventTypeXidCriticalError
-        return xid_signal(int(e.group("data")), gpu_uuid=_uuid_in(text), extra={"reporter": "nvml-event"})
-    if e is not None and int(e.group("type")) in (1, 2):  # SingleBit / DoubleBit ECC events
-        dbe = int(e.group("type")) == 2
+    etype = -1 if e is None else int(e.group("type") or e.group("type2"))
+    if e is not None and etype == 8:  # nvmlEventTypeXidCriticalError
+        return xid_signal(int(e.group("data") or e.group("data2")), gpu_uuid=_uuid_in(text),
+                          extra={"reporter": "nvml-event"})
+    if e is not None and etype in (1, 2):  # SingleBit / DoubleBit ECC events
+        dbe = etype == 2
         return Signal(kind="ecc", code="DoubleBitEccError" if dbe else "SingleBitEccError",
                       gpu_uuid=_uuid_in(text), playbook="gpu-memory-fatal" if dbe else None, is_fatal=dbe,
                       detail=freeze({"reporter": "nvml-event"}))

@@ -108,6 +108,46 @@ def unwrap_line(line: str) -> str:
     return text.rstrip("\r\n")
 
 
+def json_fields(line: str) -> list[str]:
+    """Every string value of the JSON record(s) ``line`` carries, depth first, in document order.
+
+    ``line`` may still have a CRI prefix; a value that is itself a JSON object (a structured log inside a
+    docker or Fluent Bit envelope) is opened too. ``unwrap_line`` keeps only the first message-like field;
+    this is the fallback for records whose signal sits elsewhere (an agent's ``{"msg": "known sxid", "line":
+    "<kernel line>"}``, an event's ``details.message``, a logger's ``error`` or ``exc_info``). Anything that is
+    not a JSON object gives an empty list.
+    """
+    text = line.strip()
+    m = _CRI_RE.match(text)
+    if m is not None:
+        text = text[m.end():].strip()
+    out: list[str] = []
+    _collect(text, out, 0)
+    return out
+
+
+def _collect(text: str, out: list[str], depth: int) -> None:
+    if depth > 3 or text[:1] not in ("{", "[") or text[-1:] not in ("}", "]"):
+        return
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return
+    stack: list[object] = [obj]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            value = node.strip()
+            if value[:1] in ("{", "[") and value[-1:] in ("}", "]"):
+                _collect(value, out, depth + 1)
+            else:
+                out.append(node.rstrip("\r\n"))
+        elif isinstance(node, dict):
+            stack.extend(reversed(list(node.values())))
+        elif isinstance(node, list):
+            stack.extend(reversed(node))
+
+
 def _json_message(text: str) -> str | None:
     try:
         obj = json.loads(text)

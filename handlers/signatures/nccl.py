@@ -94,6 +94,8 @@ _OFI_RE = re.compile(r"net/ofi.*?\brc\s*:\s*(?P<rc>-?\d+).*?error\s*:\s*(?P<err>
                      re.IGNORECASE)
 _NCCL_ERR_IN_RE = re.compile(r"nccl\s+error\s+in\s*:\s*(?P<where>[^,]+),\s*(?P<what>[^\n]*?)(?:,\s*nccl\s+version\s+"
                              r"(?P<ver>[\d.]+\S*))?\s*$", re.IGNORECASE | re.MULTILINE)
+# nccl-tests: "Test NCCL failure common.cu:497 'unhandled cuda error'" (the ncclResult_t text of the failing call).
+_NCCL_TEST_RE = re.compile(r"test\s+nccl\s+failure\s+(?P<where>\S+)\s+'(?P<what>[^']*)'", re.IGNORECASE)
 _NCCL_RESULT_RE = re.compile(r"\b(nccl(?:UnhandledCudaError|SystemError|InternalError|InvalidArgument|InvalidUsage"
                              r"|RemoteError))\b", re.IGNORECASE)
 _RAISE_CHILD_RE = re.compile(r"\braise\s+childfailederror\s*\(", re.IGNORECASE)
@@ -240,6 +242,13 @@ def _nccl_error(text: str, low: str) -> Signal | None:
                       retcode=rc)
         name = next((k for k, v in NCCL_RESULTS.items() if v == rc), "proxy_error")
         return Signal(kind="nccl_error", code=name, detail=freeze(detail))
+    t = _NCCL_TEST_RE.search(text) if "test nccl failure" in low else None
+    if t is not None:
+        failed = t.group("what").lower()
+        result = next((name for frag, name in _RESULT_TEXT if frag in failed), "nccl_error")
+        detail.update(where=t.group("where"), reason=t.group("what") or None, reporter="nccl-tests",
+                      nccl_result=NCCL_RESULTS.get(result))
+        return Signal(kind="nccl_error", code=result, detail=freeze(detail))
     e = _NCCL_ERR_IN_RE.search(text)
     code: str | None = None
     if e is not None:
@@ -261,6 +270,8 @@ def _nccl_error(text: str, low: str) -> Signal | None:
             return Signal(kind="nccl_error", code="socket_error", detail=freeze(detail))
         if "communicator was aborted" in low or ("nccl communicator" in low and "abort" in low):
             code = "communicator_aborted"
+        elif "setting up nccl communicator" in low:  # the ncclUniqueId exchange through the c10d store failed
+            code = "communicator_setup_failed"
         elif "distbackenderror" in low or ("nccl error" in low and "nccl info" not in low):
             code = next((name for frag, name in _RESULT_TEXT if frag in low), "nccl_error")
         elif warn:
