@@ -453,6 +453,10 @@ async def _provision_bench(js: Any, settings: Settings) -> None:
         name=BENCH_STREAM, subjects=["bench.>"], retention=faults.retention, storage=faults.storage,
         duplicate_window=faults.duplicate_window, max_age=faults.max_age, discard=faults.discard,
         num_replicas=faults.num_replicas))
+    # The same durable consumer as FAULTS has (nobody pulls during the run): the server tracks its pending
+    # count for every message on both streams, so the floor pays what the real endpoint pays there.
+    dispatch = await js.consumer_info(subjects.FAULTS_STREAM, bus.DISPATCH_CONSUMER)
+    await js.add_consumer(BENCH_STREAM, dispatch.config)
 
 
 async def run(url: str | None = None, concurrency: int = 32, progress: Progress | None = None, *,
