@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,6 +24,8 @@ from nats.js.errors import APIError, NotFoundError
 
 from remediator.contracts import GENESIS_HASH, AuditRecord, AuditWhat, utcnow
 from remediator.subjects import AUDIT_STREAM, AUDIT_WILDCARD, audit_subject
+
+log = logging.getLogger(__name__)
 
 _WRONG_LAST_SEQUENCE = (10071, 10164)
 _EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
@@ -43,8 +46,9 @@ class AuditLog:
     """Appends records to the per-node chains; safe to share between tasks of one process."""
 
     def __init__(self, js: JetStreamContext, actor: str, clock: Callable[[], datetime] = utcnow,
-                 max_attempts: int = 20) -> None:
+                 max_attempts: int = 20, observers: Iterable[Callable[[AuditRecord], None]] = ()) -> None:
         self._js = js
+        self._observers = tuple(observers)
         self.actor = actor
         self._clock = clock
         self._max_attempts = max_attempts
@@ -104,6 +108,11 @@ class AuditLog:
                         continue
                     raise
                 self._heads[subject] = _Head(ack.seq, record.seq, record.hash)
+                for observe in self._observers:  # metrics: cheap, synchronous, never fail the append
+                    try:
+                        observe(record)
+                    except Exception:
+                        log.exception("audit observer failed")
                 return record
             raise AuditAppendError(f"could not append to {subject} after {self._max_attempts} attempts")
 

@@ -40,6 +40,7 @@ from remediator.contracts import utcnow
 from remediator.dispatch import Dispatcher
 from remediator.executor import Executor
 from remediator.ingest.app import create_app
+from remediator.metrics import ServiceMetrics
 from remediator.natsd import EmbeddedNats
 from remediator.settings import Settings
 
@@ -75,6 +76,7 @@ class Service:
     dispatcher: Dispatcher | None = None
     executor: Executor | None = None
     kube: KubeAdapter | None = None
+    metrics: ServiceMetrics = field(default_factory=ServiceMetrics)
     broker: NatsBroker | None = None
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
@@ -102,7 +104,7 @@ class Service:
             await bus.provision(self.js, s)
         actor = s.replica_id or default_actor()
         xid_handler.configure(xid_handler.XidPolicy.from_settings(s.xid_app_window_s, s.xid_app_threshold))
-        self.audit = AuditLog(self.js, actor, clock=self.clock)
+        self.audit = AuditLog(self.js, actor, clock=self.clock, observers=[self.metrics.observe])
         self.dispatcher = await Dispatcher.create(self.nc, self.js, s, self.audit, registry=REGISTRY,
                                                   clock=self.clock)
         self.kube = KubeAdapter.from_settings(s)
@@ -113,7 +115,8 @@ class Service:
         consumers.declare_executor(self.broker, self.executor, concurrency=s.executor_concurrency)
         await consumers.start(self.broker, self.js, (consumers.DISPATCH, consumers.EXECUTOR))
         if self.http_enabled:
-            app = create_app(settings=s, nc=self.nc, js=self.js, audit=self.audit)
+            app = create_app(settings=s, nc=self.nc, js=self.js, audit=self.audit,
+                             service_metrics=self.metrics.render)
             config = uvicorn.Config(app, host=s.http_host, port=s.http_port, log_level="warning",
                                     access_log=False, lifespan="off")
             self._http = _EmbeddedServer(config)

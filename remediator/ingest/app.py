@@ -387,9 +387,12 @@ class _Ingest:
 
 
 def create_app(*, settings: Settings, nc: NATS, js: JetStreamContext, audit: AuditLog | None = None,
-               on_event: OnEvent | None = None, publish_timeout: float = 5.0, retry_after_s: int = 5) -> FastAPI:
+               on_event: OnEvent | None = None, publish_timeout: float = 5.0, retry_after_s: int = 5,
+               service_metrics: Callable[[], bytes] | None = None) -> FastAPI:
     """The ingest API over an open NATS connection.
 
+    ``service_metrics`` renders the rest of the replica's Prometheus series (``remediator.metrics``),
+    served on ``/metrics`` after the ingest's own.
     ``audit`` receives ``duplicate_ignored`` and ``event_ignored`` records (none when None);
     ``on_event(event)`` (sync or async) is called for each newly accepted event after its ack.
     ``publish_timeout`` bounds the wait for JetStream's ack of each event before answering 503.
@@ -422,6 +425,7 @@ def create_app(*, settings: Settings, nc: NATS, js: JetStreamContext, audit: Aud
     @app.get("/metrics", response_class=Response)
     async def metrics() -> Response:
         """Prometheus text exposition of the ingest counters and latency summary."""
-        return Response(ingest.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        body = ingest.metrics.render() + (service_metrics() if service_metrics is not None else b"")
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app

@@ -121,6 +121,16 @@ async def test_xid79_alert_ends_with_node_tainted_and_drained(alertmanager: tupl
             assert daemonset_pods, "drain must leave DaemonSet pods alone"
             others = [state.node(f"gpu-node-{i}") for i in (0, 1, 3)]
             assert not any(o["spec"].get("unschedulable") for o in others), "only the failing node is touched"
+            async with httpx.AsyncClient() as client:
+                for _ in range(50):  # the escalate step and the run's end follow the drain
+                    metrics = (await client.get(f"http://127.0.0.1:{webhook_port}/metrics")).text
+                    if "remediator_playbook_runs_total" in metrics:
+                        break
+                    await asyncio.sleep(0.2)
+            assert 'remediator_decisions_total{playbook="gpu-lost"} 1' in metrics
+            assert 'remediator_steps_total{step="drain",result="succeeded"} 1' in metrics
+            assert 'remediator_playbook_runs_total{playbook="gpu-lost",outcome="escalated"} 1' in metrics
+            assert "remediator_decision_to_first_action_seconds_count 1" in metrics
 
 
 async def test_one_trace_from_webhook_to_the_audit_trail(tmp_path: Path) -> None:

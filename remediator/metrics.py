@@ -1,0 +1,105 @@
+"""Service metrics, derived from the audit trail as it is written (DESIGN.md §9).
+
+Where it sits: beside ``AuditLog``. Every fact the service acts on is already an audit record, so instead of
+counters sprinkled through dispatch and the executor, ``ServiceMetrics.observe`` reads each record this
+replica appends and keeps the Prometheus series: decisions by playbook, guard blocks by guard, steps by
+result, playbook outcomes, breaker state, runs in progress, and the time from a decision to its first
+action. The ingest app serves them on ``/metrics`` next to its own request counters.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from datetime import datetime
+
+from remediator.contracts import AuditRecord
+
+_Labels = tuple[tuple[str, str], ...]
+
+
+def _fmt(labels: _Labels) -> str:
+    if not labels:
+        return ""
+    inner = ",".join(f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
+                     for k, v in labels)
+    return "{" + inner + "}"
+
+
+class ServiceMetrics:
+    """Counters and gauges of one replica; thread-safe, rendered in the Prometheus text format."""
+
+    _HELP = {
+        "remediator_audit_records_total": ("counter", "Audit records written by this replica, by kind."),
+        "remediator_decisions_total": ("counter", "Decisions made, by playbook."),
+        "remediator_guard_blocks_total": ("counter", "Decisions a safety guard did not let through, by guard."),
+        "remediator_steps_total": ("counter", "Playbook steps finished, by step and result."),
+        "remediator_playbook_runs_total": ("counter", "Playbook runs finished, by playbook and outcome."),
+        "remediator_breaker_open": ("gauge", "1 while the circuit breaker is open (as last seen here)."),
+        "remediator_runs_in_progress": ("gauge", "Playbook runs started here and not finished yet."),
+        "remediator_decision_to_first_action_seconds": (
+            "summary", "Time from a decision to its playbook's first completed step."),
+    }
+
+    def __init__(self, pending_limit: int = 10_000) -> None:
+        self._lock = threading.Lock()
+        self._counters: dict[tuple[str, _Labels], float] = {}
+        self._gauges: dict[str, float] = {"remediator_breaker_open": 0.0, "remediator_runs_in_progress": 0.0}
+        self._decided_at: OrderedDict[str, datetime] = OrderedDict()
+        self._running: set[str] = set()
+        self._latency_sum = 0.0
+        self._latency_count = 0
+        self._pending_limit = pending_limit
+
+    def _inc(self, name: str, labels: _Labels = (), n: float = 1.0) -> None:
+        self._counters[(name, labels)] = self._counters.get((name, labels), 0.0) + n
+
+    def observe(self, r: AuditRecord) -> None:
+        """Account for one audit record (an ``AuditLog`` observer)."""
+        with self._lock:
+            self._inc("remediator_audit_records_total", (("what", r.what),))
+            if r.what == "decision" and "handler" in r.after:  # the dispatcher's, not the executor's receipt
+                self._inc("remediator_decisions_total", (("playbook", str(r.after.get("playbook"))),))
+                if r.incident:
+                    self._decided_at[r.incident] = r.time
+                    while len(self._decided_at) > self._pending_limit:
+                        self._decided_at.popitem(last=False)
+            elif r.what == "guard_verdict" and r.after.get("allowed") is False:
+                self._inc("remediator_guard_blocks_total", (("guard", str(r.after.get("name"))),))
+            elif r.what in ("step_started",) and r.incident:
+                self._running.add(r.incident)
+            elif r.what in ("step_succeeded", "step_failed", "step_skipped"):
+                step = r.why.split(":", 1)[0]
+                self._inc("remediator_steps_total", (("step", step), ("result", r.what.removeprefix("step_"))))
+                decided = self._decided_at.pop(r.incident, None) if r.incident and r.what == "step_succeeded" \
+                    else None
+                if decided is not None:
+                    self._latency_sum += max(0.0, (r.time - decided).total_seconds())
+                    self._latency_count += 1
+            elif r.what == "playbook_finished":
+                playbook = r.why.split(":", 1)[0]
+                outcome = str(r.after.get("outcome", "unknown"))
+                self._inc("remediator_playbook_runs_total", (("playbook", playbook), ("outcome", outcome)))
+                if r.incident:
+                    self._running.discard(r.incident)
+                    self._decided_at.pop(r.incident, None)
+            elif r.what == "breaker_trip":
+                self._gauges["remediator_breaker_open"] = 1.0
+            elif r.what == "breaker_reset":
+                self._gauges["remediator_breaker_open"] = 0.0
+            self._gauges["remediator_runs_in_progress"] = float(len(self._running))
+
+    def render(self) -> bytes:
+        with self._lock:
+            by_name: dict[str, list[str]] = {}
+            for (name, labels), value in sorted(self._counters.items()):
+                by_name.setdefault(name, []).append(f"{name}{_fmt(labels)} {value:g}")
+            for name, value in self._gauges.items():
+                by_name.setdefault(name, []).append(f"{name} {value:g}")
+            summary = "remediator_decision_to_first_action_seconds"
+            by_name[summary] = [f"{summary}_sum {self._latency_sum:g}", f"{summary}_count {self._latency_count}"]
+        out: list[str] = []
+        for name, (kind, text) in self._HELP.items():
+            if name in by_name:
+                out += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", *by_name[name]]
+        return ("\n".join(out) + "\n").encode()
