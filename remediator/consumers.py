@@ -62,11 +62,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import nats.errors
 from faststream import AckPolicy
 from faststream.message import StreamMessage
 from faststream.nats import JStream, NatsBroker, PullSub
@@ -227,6 +229,35 @@ def declare_executor(broker: NatsBroker, executor: MessageConsumer, *, concurren
 
 
 # --- running -----------------------------------------------------------------------------------------
+
+
+def translate_fetch_timeouts(fetch: Any) -> Any:
+    """``fetch`` raising ``nats.errors.TimeoutError`` where it raised the built-in ``TimeoutError``.
+
+    faststream's pull loop treats ``nats.errors.TimeoutError`` as "no messages yet" and fetches again, but
+    nats-py 2.16 raises the built-in ``TimeoutError`` from one path of ``PullSubscription.fetch``;
+    faststream's supervisor then logs an ERROR with a traceback and restarts the loop. The nats error is a
+    subclass of the built-in one, so every other caller catching ``asyncio.TimeoutError`` is unaffected.
+    """
+    if getattr(fetch, "_remediator_translated", False):
+        return fetch
+
+    @functools.wraps(fetch)
+    async def translated(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await fetch(self, *args, **kwargs)
+        except nats.errors.TimeoutError:
+            raise
+        except TimeoutError as exc:
+            raise nats.errors.TimeoutError from exc
+
+    translated._remediator_translated = True  # type: ignore[attr-defined]
+    return translated
+
+
+# Applied once, when the consumers are loaded (only the service process loads this module).
+JetStreamContext.PullSubscription.fetch = translate_fetch_timeouts(  # type: ignore[method-assign]
+    JetStreamContext.PullSubscription.fetch)
 
 
 async def start(broker: NatsBroker, js: JetStreamContext, bindings: tuple[Binding, ...]) -> None:

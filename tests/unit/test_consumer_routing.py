@@ -266,3 +266,28 @@ async def test_dispatch_hands_over_one_nodes_deliveries_in_fetch_order() -> None
 ], ids=["agent", "dotted-node", "remediation"])
 def test_the_node_is_the_last_subject_token(subject: str, token: str) -> None:
     assert consumers.node_token_of(subject) == token
+
+
+
+async def test_an_idle_fetch_times_out_as_the_nats_error_faststream_expects() -> None:
+    """faststream's pull loop retries on ``nats.errors.TimeoutError`` only; nats-py can raise the built-in one."""
+    import nats.errors
+    from nats.js.client import JetStreamContext
+
+    from remediator.consumers import translate_fetch_timeouts
+
+    async def idle(self: object, *args: object) -> list[object]:
+        raise TimeoutError
+
+    async def nats_idle(self: object, *args: object) -> list[object]:
+        raise nats.errors.TimeoutError
+
+    async def some(self: object, *args: object) -> list[object]:
+        return ["m"]
+
+    with pytest.raises(nats.errors.TimeoutError):
+        await translate_fetch_timeouts(idle)(None, 1, 0.1)
+    with pytest.raises(nats.errors.TimeoutError):
+        await translate_fetch_timeouts(nats_idle)(None, 1, 0.1)
+    assert await translate_fetch_timeouts(some)(None, 1, 0.1) == ["m"]
+    assert getattr(JetStreamContext.PullSubscription.fetch, "_remediator_translated", False)
