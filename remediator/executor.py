@@ -60,16 +60,15 @@ from playbooks.steps import (
 from remediator import consumers, safety
 from remediator.adapters.kube import DrainTimeout, KubePermanentError, KubeTemporaryError, NotFound
 from remediator.agent_client import AgentUnavailable
-from remediator.bus import PermanentError, TemporaryError, settle
+from remediator.bus import PermanentError, TemporaryError, dead_letter_publisher, settle
 from remediator.contracts import Decision, StepRecord, utcnow
 from remediator.safety import Attempt, BreakerState, GuardVerdict, PoolUsage, SafetyPolicy, SafetySnapshot
 from remediator.settings import Settings
 from remediator.state import StateStore
 from remediator.subjects import (
     LOCKS_BUCKET,
-    REMEDIATIONS_STREAM,
     STATE_BUCKET,
-    dead_letter_subject,
+    node_from_token,
     node_key,
     node_token,
 )
@@ -293,6 +292,7 @@ class Executor:
                  http: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None) -> None:
         self._nc = nc
         self._js = js
+        self._dead_letter = dead_letter_publisher(js, on_dead_letter=self._audit_dead_letter)
         self.settings = settings
         self.kube = kube
         self.audit = audit
@@ -768,11 +768,9 @@ class Executor:
         await settle(msg, error, max_deliver=self.settings.max_deliver, nak_delay=self.settings.nak_delay_s,
                      dead_letter=self._dead_letter)
 
-    async def _dead_letter(self, msg: Msg, why: str) -> None:
-        node = msg.subject.rsplit(".", 1)[-1]
-        await self._js.publish(dead_letter_subject(REMEDIATIONS_STREAM, node), msg.data, headers=msg.headers)
-        with contextlib.suppress(Exception):
-            await self.audit.append(None, "dead_letter", why, after={"subject": msg.subject})
+    async def _audit_dead_letter(self, msg: Msg, reason: str, subject: str) -> None:
+        node = node_from_token(msg.subject.rsplit(".", 1)[-1])
+        await self.audit.append(node, "dead_letter", reason, after={"subject": msg.subject, "moved_to": subject})
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume REMEDIATIONS until ``stop`` is set, at most ``executor_concurrency`` decisions at once: the
