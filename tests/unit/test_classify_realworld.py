@@ -44,8 +44,8 @@ class Expect:
     gpu: int | None = None
 
 
-def X(xid: int, pci: str | None) -> Expect:
-    return Expect(kind="xid", xid=xid, pci=pci)
+def X(xid: int, pci: str | None, gpu: int | None = None) -> Expect:
+    return Expect(kind="xid", xid=xid, pci=pci, gpu=gpu)
 
 
 def K(kind: str, pci: str | None = None, gpu: int | None = None) -> Expect:

@@ -20,45 +20,16 @@ contract, not from what the classifier printed.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
-from handlers.catalog import CATALOG
 from handlers.signatures import classify_line
 from remediator.cli import main
 from remediator.commands.classify import classify_text
-from remediator.contracts import normalize_pci_bus_id
-
-
-@dataclass(frozen=True)
-class Expect:
-    """What a correct classifier says about one line: nothing, or a first signal of this shape."""
-
-    none: bool = False
-    kind: str | None = None
-    prefix: str | None = None  # any kind starting with this (``nccl`` = nccl_error or nccl_timeout)
-    xid: int | None = None
-    pci: str | None = None  # as the source prints it; compared normalised
-    gpu: int | None = None
-
-
-def X(xid: int, pci: str | None, gpu: int | None = None) -> Expect:
-    return Expect(kind="xid", xid=xid, pci=pci, gpu=gpu)
-
-
-def K(kind: str, pci: str | None = None, gpu: int | None = None) -> Expect:
-    return Expect(kind=kind, pci=pci, gpu=gpu)
-
-
-def KP(prefix: str) -> Expect:
-    return Expect(prefix=prefix)
-
-
-NONE = Expect(none=True)
+from tests.unit.test_classify_realworld import KP, NONE, Expect, K, X, _check, _family, _row
 
 OGKM = "https://github.com/NVIDIA/open-gpu-kernel-modules/issues/"
 GPUD = "https://github.com/leptonai/gpud/pull/"
@@ -537,16 +508,6 @@ WRAPPED: list[tuple[str, Expect, str]] = [
 ]
 
 
-def _family(line: str, expect: Expect) -> str:
-    if not expect.none:
-        return expect.kind or (expect.prefix or "signal") + "_any"
-    low = line.lower()
-    for word, family in (("dcgm", "dcgm"), ("nvrm", "kernel"), ("nccl", "nccl"), ("cuda", "cuda"), ("xid", "xid")):
-        if word in low:
-            return "none_" + family
-    return "none_other"
-
-
 def _params(table: list[tuple[str, Expect, str]], tag: str) -> list[Any]:
     counts: dict[str, int] = {}
     params = []
@@ -555,35 +516,6 @@ def _params(table: list[tuple[str, Expect, str]], tag: str) -> list[Any]:
         counts[family] = counts.get(family, 0) + 1
         params.append(pytest.param(line, expect, source, id=f"{tag}-{family}-{counts[family]:03d}"))
     return params
-
-
-def _check(expect: Expect, rows: list[dict[str, Any]], context: str) -> None:
-    if expect.none:
-        assert rows == [], f"{context}: expected no signal, got {rows}"
-        return
-    assert rows, f"{context}: expected a signal, got none"
-    first = rows[0]
-    if expect.prefix is not None:
-        assert str(first["kind"]).startswith(expect.prefix), f"{context}: {first}"
-    else:
-        assert first["kind"] == expect.kind, f"{context}: {first}"
-    if expect.kind == "xid":
-        assert first["xid"] == expect.xid, f"{context}: {first}"
-        want = None if expect.pci is None else normalize_pci_bus_id(expect.pci)
-        assert first["pci_bus_id"] == want, f"{context}: {first}"
-        info = CATALOG.get(expect.xid) if expect.xid is not None else None
-        assert first["action"] == (info.immediate_action or None if info else None), f"{context}: {first}"
-    else:
-        assert first["xid"] is None and first["action"] is None, f"{context}: {first}"
-        if expect.pci is not None:
-            assert first["pci_bus_id"] == normalize_pci_bus_id(expect.pci), f"{context}: {first}"
-    if expect.gpu is not None:
-        assert first["gpu_index"] == expect.gpu, f"{context}: {first}"
-
-
-def _row(sig: Any) -> dict[str, Any]:
-    return {"kind": sig.kind, "xid": sig.xid, "pci_bus_id": sig.pci_bus_id, "gpu_index": sig.gpu_index,
-            "action": sig.action, "playbook": sig.playbook}
 
 
 @pytest.mark.parametrize(("line", "expect", "source"), _params(CASES, "real") + _params(WRAPPED, "wrapped"))
