@@ -15,14 +15,15 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, NotFoundError
 
-from remediator.contracts import GENESIS_HASH, AuditRecord, AuditWhat, utcnow
+from remediator.contracts import GENESIS_HASH, AuditRecord, AuditWhat, Decision, FaultEvent, resolve_job, utcnow
+from remediator.errors import Conflict
 from remediator.subjects import AUDIT_STREAM, AUDIT_WILDCARD, audit_subject
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ _WRONG_LAST_SEQUENCE = (10071, 10164)
 _EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 
 
-class AuditAppendError(RuntimeError):
+class AuditAppendError(Conflict):
     """The chain head kept moving under us; the caller's message is redelivered and tries again."""
 
 
@@ -115,6 +116,64 @@ class AuditLog:
                         log.exception("audit observer failed")
                 return record
             raise AuditAppendError(f"could not append to {subject} after {self._max_attempts} attempts")
+
+    def bind(self, context: AuditContext) -> IncidentAudit:
+        """An appender whose every record carries ``context`` (incident, node, GPU, event, job, fingerprint,
+        trace)."""
+        return IncidentAudit(self, context)
+
+
+# --- appending for one incident ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AuditContext:
+    """What every record about one event or incident carries (DESIGN.md §8), fixed once.
+
+    Built from the event (``of_event``) at dispatch and from the decision (``of_decision``) at the executor,
+    so records of one incident agree on node, GPU, event id, job, fingerprint and trace id by construction.
+    """
+
+    node: str
+    incident: str | None = None
+    gpu: str | None = None
+    event_id: str | None = None
+    job: str | None = None
+    fingerprint: str | None = None
+    trace_id: str | None = None
+
+    @staticmethod
+    def of_event(event: FaultEvent, trace_id: str | None = None) -> AuditContext:
+        return AuditContext(node=event.node, gpu=event.gpu.key if event.gpu else None, event_id=event.id,
+                            job=resolve_job(event.origin, event.labels), fingerprint=event.origin.fingerprint,
+                            trace_id=trace_id)
+
+    @staticmethod
+    def of_decision(decision: Decision, trace_id: str | None = None) -> AuditContext:
+        return AuditContext(node=decision.node, incident=decision.incident_id,
+                            gpu=decision.gpu.key if decision.gpu else None, event_id=decision.event_id,
+                            job=decision.job or resolve_job(decision.origin, decision.labels),
+                            fingerprint=decision.origin.fingerprint, trace_id=trace_id)
+
+
+class IncidentAudit:
+    """An ``AuditLog`` bound to one ``AuditContext``: ``append`` takes only what differs per record."""
+
+    def __init__(self, log: AuditLog, context: AuditContext) -> None:
+        self.log = log
+        self.context = context
+
+    def for_incident(self, incident: str, *, gpu: str | None = None, job: str | None = None) -> IncidentAudit:
+        """The same binding, for the incident a decision named (and its GPU or job, when it knows better)."""
+        ctx = self.context
+        return IncidentAudit(self.log, replace(ctx, incident=incident, gpu=gpu or ctx.gpu, job=job or ctx.job))
+
+    async def append(self, what: AuditWhat, why: str = "", *, before: dict[str, Any] | None = None,
+                     after: dict[str, Any] | None = None, actor: str | None = None) -> AuditRecord:
+        c = self.context
+        return await self.log.append(c.node, what, why, incident=c.incident, gpu=c.gpu, before=before, after=after,
+                                     event_id=c.event_id, job=c.job, fingerprint=c.fingerprint,
+                                     trace_id=c.trace_id, actor=actor)
 
 
 # --- reading, querying, verifying --------------------------------------------------------------------

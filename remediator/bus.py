@@ -38,6 +38,7 @@ from nats.js.errors import NotFoundError
 
 from remediator import subjects
 from remediator.contracts import FaultEvent
+from remediator.errors import PermanentError, TemporaryError
 from remediator.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -329,18 +330,6 @@ async def publish_event(js: JetStreamContext, event: FaultEvent, *,
 # --- settling -------------------------------------------------------------------------------------
 
 
-class TemporaryError(Exception):
-    """Retry later: the message is nakked with ``delay`` seconds (None: the consumer's configured delay)."""
-
-    def __init__(self, message: str = "", *, delay: float | None = None) -> None:
-        super().__init__(message)
-        self.delay = delay
-
-
-class PermanentError(Exception):
-    """Retrying cannot help: the message goes to the dead-letter subject and is terminated."""
-
-
 Settlement = Literal["ack", "nak", "term"]
 DeadLetter = Callable[[Msg, str], Awaitable[None]]
 
@@ -378,7 +367,10 @@ async def settle(msg: Msg, error: BaseException | None, *, max_deliver: int, nak
             delay = nak_delay
             if isinstance(error, TemporaryError) and error.delay is not None:
                 delay = error.delay
-            if not isinstance(error, TemporaryError):
+            if isinstance(error, TemporaryError):  # an expected condition: one line, no traceback
+                log.info("%s: %s (delivery %d/%d), retrying in %gs",
+                         msg.subject, error, delivered, max_deliver, delay)
+            else:
                 log.warning("unexpected error handling %s (delivery %d/%d), retrying in %gs",
                             msg.subject, delivered, max_deliver, delay, exc_info=error)
             await msg.nak(delay=delay)

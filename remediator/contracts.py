@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -123,6 +124,50 @@ class GpuRef(_Emitted):
         return "?"
 
 
+# Pod labels that name a pod's job, in the order ``resolve_job`` reads them (after the owner reference).
+JOB_LABELS: tuple[str, ...] = (
+    "training.kubeflow.org/job-name",  # Kubeflow training operator (PyTorchJob, ...)
+    "jobset.sigs.k8s.io/jobset-name",  # JobSet
+    "batch.kubernetes.io/job-name",    # batch/v1 Job (Kubernetes >= 1.27)
+    "job-name",                        # batch/v1 Job (older label, still set)
+)
+
+
+class Origin(_Emitted):
+    """Typed provenance of an event (and of the decision made on it): set once where the event is made --
+    ingest for alerts, the agent for what it saw -- and never parsed out of ids or labels again.
+
+    ``job`` is the name of the pod's controlling workload (in ``namespace``) when whoever made the event
+    knew it from the pod's owner references (the service's Kubernetes adapter does; the agent supplies only
+    namespace, pod name and UID). ``history_key`` is the KV key of the history a decision was made over
+    (set by dispatch on the ``Decision``, never on an event).
+    """
+
+    fingerprint: str | None = Field(default=None, max_length=128, description="Alertmanager alert fingerprint")
+    pod: str | None = Field(default=None, max_length=253)
+    namespace: str | None = Field(default=None, max_length=63)
+    pod_uid: str | None = Field(default=None, max_length=64)
+    container: str | None = Field(default=None, max_length=253)
+    job: str | None = Field(default=None, max_length=253, description="job name, from owner references")
+    history_key: str | None = Field(default=None, max_length=512)
+
+
+def resolve_job(origin: Origin | None, labels: Mapping[str, str]) -> str | None:
+    """The one job resolver: which job an event or decision belongs to, or None.
+
+    Precedence: the job resolved from the pod's owner reference (``origin.job``) when known; then the
+    Kubeflow, JobSet and batch/v1 pod labels (``JOB_LABELS``, in that order). Never the pod's name: two
+    single-pod Jobs are never merged into one. The job's namespace is ``origin.namespace``.
+    """
+    if origin is not None and origin.job:
+        return origin.job
+    for name in JOB_LABELS:
+        value = labels.get(name, "").strip()
+        if value:
+            return value
+    return None
+
+
 class FaultEvent(_Emitted):
     """FaultEvent v1 (DESIGN.md §3). Field names have NVSentinel HealthEvent counterparts."""
 
@@ -139,6 +184,7 @@ class FaultEvent(_Emitted):
     observed_at: datetime
     received_at: datetime
     labels: dict[str, str] = Field(default_factory=dict)
+    origin: Origin = Field(default_factory=Origin, description="typed provenance, set where the event is made")
     recommended_action: str | None = None
 
     @field_validator("node")
@@ -258,6 +304,7 @@ class Decision(_Emitted):
     decided_at: datetime
     job: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
+    origin: Origin = Field(default_factory=Origin, description="the event's provenance, plus the history key")
 
 
 StepStatus = Literal["pending", "running", "succeeded", "failed", "skipped", "blocked"]

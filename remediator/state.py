@@ -15,11 +15,12 @@ from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequen
 from nats.js.kv import KeyValue
 
 from handlers.base import History
+from remediator.errors import Conflict
 
 T = TypeVar("T")
 
 
-class StateConflict(RuntimeError):
+class StateConflict(Conflict):
     """Too many concurrent writers on one key; the message is redelivered and decided again."""
 
 
