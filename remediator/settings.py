@@ -35,6 +35,11 @@ class Settings(BaseSettings):
     replica_id: str = Field(
         default="", description="Actor name of this replica in the audit trail (default: host-pid)."
     )
+    otlp_endpoint: str | None = Field(
+        default=None,
+        description="OTLP/HTTP collector the service exports its trace spans to (e.g. http://otel-collector:4318; "
+                    "/v1/traces is added when the URL has no path). Unset: no export.",
+    )
     duplicate_window_s: int = Field(
         default=1200, ge=600, description="JetStream duplicate window of FAULTS (covers Alertmanager retries)."
     )
