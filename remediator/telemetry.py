@@ -1,27 +1,84 @@
 """Tracing: one W3C trace from the webhook through NATS headers to every audit record (DESIGN.md §9).
 
-Where it sits: at the edges of each hop. Ingest starts a span per request and sends its ``traceparent`` as a
-NATS header with the event; dispatch and the executor continue that trace and stamp its id on the audit
-records they write, so ``remediator audit list`` links each fact to the request that caused it.
+Where it sits: at the edges of each hop. Ingest takes the request's ``traceparent`` (or starts a trace) and
+sends it as a NATS header with the event; dispatch continues it in a ``dispatch`` span and forwards it on the
+remediation message; the executor continues it from that message's headers, with a span for the run and one
+per step. Each hop stamps the trace id on the audit records it writes, so ``remediator audit list`` links
+every fact to the request that caused it.
 
-The OpenTelemetry SDK is configured once per process by ``setup_tracing``; without an exporter the spans are
-still created (their ids are what the audit trail needs) and simply not shipped anywhere.
+The one way to continue a trace is ``span(name, headers)``: a context manager that extracts the W3C
+context from a NATS (or HTTP) header map, opens a child span as the current span and yields it;
+``trace_id_of(span)`` is the id audit records carry, ``traceparent_of(span)`` the header for the next hop.
+
+``setup`` installs the OpenTelemetry SDK tracer provider (once per process; the composition root calls it,
+nothing happens at import) and says where finished spans go: an OTLP/HTTP collector (the ``otlp_endpoint``
+setting, batched by a ``BatchSpanProcessor``; unset: no export) and, for tests, any ``SpanExporter`` such as
+the SDK's ``InMemorySpanExporter``. Without ``setup`` spans are non-recording but still carry the trace
+they continue, which is all the audit trail needs.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from urllib.parse import urlsplit
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import Span as SdkSpan
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.trace import Span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import AttributeValue
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TRACEPARENT", "new_traceparent", "otlp_traces_url", "setup", "shutdown", "span", "trace_id_of",
+           "traceparent_of", "tracer"]
 
 TRACEPARENT = "traceparent"
 _propagator = TraceContextTextMapPropagator()
-_configured = False
+
+
+class _Destinations(SpanProcessor):
+    """The provider's one span processor: fans finished spans out to the processors ``setup`` chose last.
+
+    The global tracer provider can be set once per process; where its spans go can change (a test swaps in
+    an in-memory exporter and takes it out again), so the provider holds this and ``setup`` swaps its members.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._members: tuple[SpanProcessor, ...] = ()
+
+    def replace(self, members: Sequence[SpanProcessor]) -> None:
+        with self._lock:
+            old, self._members = self._members, tuple(members)
+        for p in old:
+            p.shutdown()  # flushes what is queued
+
+    def on_start(self, span: SdkSpan, parent_context: otel_context.Context | None = None) -> None:
+        for p in self._members:
+            p.on_start(span, parent_context=parent_context)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        for p in self._members:
+            p.on_end(span)
+
+    def shutdown(self) -> None:
+        self.replace(())
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return all(p.force_flush(timeout_millis) for p in self._members)
+
+
+_provider: TracerProvider | None = None
+_destinations = _Destinations()
+_setup_lock = threading.Lock()
 
 
 def new_traceparent() -> str:
@@ -30,15 +87,50 @@ def new_traceparent() -> str:
     return f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01"
 
 
-def setup_tracing(service_name: str = "gpu-remediator") -> None:
-    """Install an SDK tracer provider once (exporters come from the standard OTEL_* variables, if any)."""
-    global _configured
-    if _configured:
-        return
-    from opentelemetry.sdk.resources import Resource
+def otlp_traces_url(endpoint: str) -> str:
+    """The OTLP/HTTP traces URL for ``endpoint``: ``/v1/traces`` is added to a bare collector address
+    (``http://otel-collector:4318``), as the ``OTEL_EXPORTER_OTLP_ENDPOINT`` convention does; a URL with a
+    path is taken as it is."""
+    url = endpoint.strip()
+    if not urlsplit(url).scheme:
+        raise ValueError(f"OTLP endpoint {endpoint!r} is not a URL (expected http://HOST:4318)")
+    return url if urlsplit(url).path.strip("/") else url.rstrip("/") + "/v1/traces"
 
-    trace.set_tracer_provider(TracerProvider(resource=Resource.create({"service.name": service_name})))
-    _configured = True
+
+def setup(service_name: str = "gpu-remediator", *, otlp_endpoint: str | None = None,
+          span_exporter: SpanExporter | None = None) -> TracerProvider:
+    """Install the SDK tracer provider (first call) and send finished spans to the given destinations.
+
+    ``otlp_endpoint``: an OTLP/HTTP collector (``otlp_traces_url``), exported in batches in the background.
+    ``span_exporter``: any exporter, called synchronously as each span ends (tests pass an
+    ``InMemorySpanExporter`` and read ``get_finished_spans()``). Each call replaces the destinations of the
+    previous one, whose queued spans are flushed first; ``setup()`` with neither keeps recording spans and
+    exports nothing. ``service_name`` names the process in the first call's resource.
+    """
+    global _provider
+    with _setup_lock:
+        if _provider is None:
+            from opentelemetry.sdk.resources import Resource
+
+            provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+            provider.add_span_processor(_destinations)
+            trace.set_tracer_provider(provider)
+            _provider = provider
+        members: list[SpanProcessor] = []
+        if otlp_endpoint:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            members.append(BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_traces_url(otlp_endpoint))))
+            log.info("exporting trace spans to %s", otlp_traces_url(otlp_endpoint))
+        if span_exporter is not None:
+            members.append(SimpleSpanProcessor(span_exporter))
+        _destinations.replace(members)
+        return _provider
+
+
+def shutdown() -> None:
+    """Flush and drop the span destinations (the provider stays: spans are still recorded)."""
+    _destinations.shutdown()
 
 
 def tracer() -> trace.Tracer:
@@ -46,14 +138,21 @@ def tracer() -> trace.Tracer:
 
 
 @contextmanager
-def span(name: str, headers: Mapping[str, str] | None = None) -> Iterator[Span]:
-    """A span that continues the trace of ``headers`` (a NATS or HTTP header map) when it carries one."""
-    ctx = _propagator.extract(carrier=dict(headers or {}))
-    with tracer().start_as_current_span(name, context=ctx) as s:
+def span(name: str, headers: Mapping[str, str] | None = None,
+         attributes: Mapping[str, AttributeValue] | None = None) -> Iterator[Span]:
+    """A span named ``name`` that continues the trace of ``headers`` (a NATS or HTTP header map carrying
+    ``traceparent``), as the current span while the block runs; spans opened inside it are its children.
+
+    ``headers`` None or without a valid ``traceparent``: the current span's trace, else a new trace. An
+    exception leaving the block is recorded on the span and re-raised.
+    """
+    ctx = _propagator.extract(carrier=dict(headers), context=otel_context.get_current()) if headers else None
+    with tracer().start_as_current_span(name, context=ctx, attributes=dict(attributes or {})) as s:
         yield s
 
 
 def trace_id_of(s: Span) -> str | None:
+    """The span's trace id as 32 lower-case hex digits (what audit records carry), None for an invalid span."""
     sc = s.get_span_context()
     return f"{sc.trace_id:032x}" if sc.is_valid else None
 
