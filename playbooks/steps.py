@@ -24,7 +24,7 @@ from typing import Any, Literal, Protocol
 import httpx
 
 from playbooks.schema import Escalation, Playbook, Verification
-from remediator.agent_client import command_id
+from remediator.adapters.agent import command_id
 from remediator.contracts import AgentReply, AgentVerb, AuditRecord, AuditWhat, Decision, GpuRef, StepRecord
 from remediator.settings import Settings
 

@@ -59,7 +59,7 @@ from playbooks.steps import (
 )
 from remediator import consumers, safety
 from remediator.adapters.kube import DrainTimeout, KubePermanentError, KubeTemporaryError, NotFound
-from remediator.agent_client import AgentUnavailable
+from remediator.adapters.agent import AgentUnavailable
 from remediator.bus import PermanentError, TemporaryError, dead_letter_publisher, settle
 from remediator.contracts import Decision, StepRecord, utcnow
 from remediator.safety import Attempt, BreakerState, GuardVerdict, PoolUsage, SafetyPolicy, SafetySnapshot

@@ -34,7 +34,7 @@ from handlers.base import REGISTRY
 from playbooks.catalog import PlaybookCatalog
 from remediator import bus, consumers
 from remediator.adapters.kube import KubeAdapter
-from remediator.agent_client import AgentClient
+from remediator.adapters.agent import AgentClient
 from remediator.audit import AuditLog
 from remediator.contracts import utcnow
 from remediator.dispatch import Dispatcher

@@ -72,7 +72,7 @@ async def _one_run(nodes: int, failing: int, *, breaker: bool, progress: Progres
     from playbooks.catalog import PlaybookCatalog
     from remediator import bus
     from remediator.adapters.kube import KubeAdapter, KubeChange
-    from remediator.agent_client import AgentClient
+    from remediator.adapters.agent import AgentClient
     from remediator.audit import AuditLog
     from remediator.dispatch import Dispatcher
     from remediator.executor import Executor

@@ -25,7 +25,7 @@ from chaos.sim.kube_api import KubeApiServer
 from playbooks.catalog import PlaybookCatalog
 from remediator import bus
 from remediator.adapters.kube import KubeAdapter
-from remediator.agent_client import AgentClient
+from remediator.adapters.agent import AgentClient
 from remediator.audit import AuditLog, iter_records
 from remediator.contracts import AgentCommand, AgentReply, AuditRecord, Decision, GpuRef
 from remediator.executor import Executor

@@ -12,7 +12,7 @@ import signal
 from playbooks.catalog import PlaybookCatalog
 from remediator import bus
 from remediator.adapters.kube import KubeAdapter
-from remediator.agent_client import AgentClient
+from remediator.adapters.agent import AgentClient
 from remediator.audit import AuditLog
 from remediator.executor import Executor
 from remediator.settings import Settings
