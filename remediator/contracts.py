@@ -15,6 +15,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -307,6 +308,22 @@ class Decision(_Emitted):
     origin: Origin = Field(default_factory=Origin, description="the event's provenance, plus the history key")
 
 
+@dataclass(frozen=True)
+class Change:
+    """What one action changed: the one value type of the Kubernetes adapter's mutations, the node agent's
+    replies (``AgentReply.change``) and the playbook steps' results, which the executor records as a
+    ``StepRecord``'s ``before``/``after``/``detail``.
+
+    ``changed`` is False when the action found the state already as wanted (check before act);
+    ``before``/``after`` are the relevant state as plain JSON-able dicts; ``detail`` says it in one line.
+    """
+
+    changed: bool
+    before: dict[str, Any] = field(default_factory=dict)
+    after: dict[str, Any] = field(default_factory=dict)
+    detail: str = ""
+
+
 StepStatus = Literal["pending", "running", "succeeded", "failed", "skipped", "blocked"]
 
 
@@ -400,6 +417,9 @@ class AgentCommand(_Emitted):
 
 
 class AgentReply(_Emitted):
+    """The agent's answer to one ``AgentCommand``: whether it did what was asked (``ok``) and the ``Change``
+    it made, flattened onto the wire as ``changed``/``detail``/``before``/``after``."""
+
     version: Literal[1] = 1
     id: str
     ok: bool
@@ -407,3 +427,14 @@ class AgentReply(_Emitted):
     detail: str = ""
     before: dict[str, Any] = Field(default_factory=dict)
     after: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def of(cls, id: str, ok: bool, change: Change) -> AgentReply:
+        """The reply to command ``id`` that carries ``change``."""
+        return cls(id=id, ok=ok, changed=change.changed, detail=change.detail, before=dict(change.before),
+                   after=dict(change.after))
+
+    @property
+    def change(self) -> Change:
+        """What the agent changed, as the ``Change`` every step reports."""
+        return Change(self.changed, dict(self.before), dict(self.after), self.detail)
