@@ -32,7 +32,7 @@ import handlers
 from handlers import xid as xid_handler
 from handlers.base import REGISTRY
 from playbooks.catalog import PlaybookCatalog
-from remediator import bus, consumers
+from remediator import bus, consumers, telemetry
 from remediator.adapters.kube import KubeAdapter
 from remediator.adapters.agent import AgentClient
 from remediator.audit import AuditLog
@@ -103,6 +103,7 @@ class Service:
         if self.provision:
             await bus.provision(self.js, s)
         actor = s.replica_id or default_actor()
+        telemetry.setup(otlp_endpoint=s.otlp_endpoint)  # spans recorded; exported only to a configured collector
         xid_handler.configure(xid_handler.XidPolicy.from_settings(s.xid_app_window_s, s.xid_app_threshold))
         self.audit = AuditLog(self.js, actor, clock=self.clock, observers=[self.metrics.observe])
         self.dispatcher = await Dispatcher.create(self.nc, self.js, s, self.audit, registry=REGISTRY,
@@ -150,6 +151,7 @@ class Service:
                 await self.nc.drain()
         if self.nats is not None:
             await asyncio.to_thread(self.nats.close)
+        await asyncio.to_thread(telemetry.flush)
 
     async def __aenter__(self) -> Service:
         await self.start()

@@ -37,7 +37,7 @@ from opentelemetry.util.types import AttributeValue
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TRACEPARENT", "new_traceparent", "otlp_traces_url", "setup", "shutdown", "span", "trace_id_of",
+__all__ = ["TRACEPARENT", "flush", "new_traceparent", "otlp_traces_url", "setup", "shutdown", "span", "trace_id_of",
            "traceparent_of", "tracer"]
 
 TRACEPARENT = "traceparent"
@@ -131,6 +131,11 @@ def setup(service_name: str = "gpu-remediator", *, otlp_endpoint: str | None = N
 def shutdown() -> None:
     """Flush and drop the span destinations (the provider stays: spans are still recorded)."""
     _destinations.shutdown()
+
+
+def flush(timeout_s: float = 5.0) -> bool:
+    """Export what the destinations hold queued (a service calls it as it stops); True when all went out."""
+    return _destinations.force_flush(int(timeout_s * 1000))
 
 
 def tracer() -> trace.Tracer:
