@@ -227,13 +227,17 @@ class InboundEvent(BaseModel):
     message: str = ""
     observed_at: datetime | None = None
     labels: dict[str, str] = Field(default_factory=dict)
+    origin: dict[str, Any] | None = Field(default=None, description="pod, namespace, pod_uid, container, job")
     recommended_action: str | None = None
 
     def to_event(self, received_at: datetime) -> FaultEvent:
+        """The event as emitted; unknown ``origin`` keys are dropped (ingest refuses ``fingerprint`` and
+        ``history_key`` before this: they are Alertmanager's and dispatch's)."""
         data = self.model_dump()
         data["observed_at"] = self.observed_at or received_at
         data["received_at"] = received_at
         data["gpu"] = GpuRef(**self.gpu) if self.gpu else None
+        data["origin"] = Origin(**{k: v for k, v in (self.origin or {}).items() if k in Origin.model_fields})
         return FaultEvent(**data)
 
 
