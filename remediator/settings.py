@@ -1,13 +1,134 @@
-"""Settings: every knob of the service, from ``REMEDIATOR_*`` environment variables.
+"""Settings: every knob of the service, from ``REMEDIATOR_*`` environment variables, grouped by concern.
 
-Where it sits: read once by the CLI (the composition root) and passed down; nothing below the CLI reads the
-environment. The README's configuration table is generated from these field descriptions.
+Where it sits: at the bottom of the layers. The CLI reads it once and hands it to the composition root
+(``remediator.service``), which passes each part its own typed view: ``nats_view()``, ``kube_view()``,
+``safety_view()``, ``handlers_view()``, ``executor_view()`` (frozen dataclasses, no pydantic). Nothing below
+the CLI reads the environment.
+
+Each field belongs to one section (``SECTIONS``, in the order the README lists them); the section is part of
+the field's declaration (``json_schema_extra={"section": ...}``) and the README's configuration table, one
+table per section, is generated from these declarations (``tools/settings_table.py``). Grouping is by
+section only: every variable keeps its flat ``REMEDIATOR_<FIELD>`` name and every field its
+``settings.<field>`` attribute.
+
+The handler thresholds (section ``handlers``) default to the constants of the handler modules
+(``handlers.xid``, ``handlers.ecc``, ``handlers.nccl``, ``handlers.memleak``); a unit test holds the two equal.
 """
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+SECTIONS: tuple[tuple[str, str], ...] = (
+    ("nats", "NATS and JetStream: where the bus is and how its streams keep and redeliver messages"),
+    ("service", "The replica: its name in the audit trail and where its traces go"),
+    ("ingest", "The HTTP ingest API"),
+    ("kube", "The Kubernetes API: client, rate limits and what the service writes on nodes"),
+    ("handlers", "Handler thresholds (DESIGN.md §6): when a fault signal becomes a decision"),
+    ("safety", "Safety rails: dry run, lock, cooldown, attempt limits, disruption budget, breaker, approval"),
+    ("executor", "The executor: concurrency, verification and the hooks it calls"),
+)
+_SECTION_NAMES = frozenset(name for name, _ in SECTIONS)
+
+
+def _in(section: str, **kw: Any) -> Any:
+    """A ``Field`` declared in ``section`` (kept in the field's JSON schema extras, read by ``section_of``)."""
+    assert section in _SECTION_NAMES, section
+    return Field(json_schema_extra={"section": section}, **kw)
+
+
+# --- typed views, one per concern ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NatsSettings:
+    """Where the bus is and how its streams behave (``bus.connect``, ``bus.provision``, ``bus.settle``)."""
+
+    urls: tuple[str, ...]  # empty: start an embedded nats-server
+    data_dir: str | None
+    duplicate_window_s: int
+    max_deliver: int
+    nak_delay_s: float
+    audit_max_age_days: int
+    audit_max_bytes: int
+
+
+@dataclass(frozen=True)
+class KubeSettings:
+    """The Kubernetes adapter's client, limits and the taint it writes."""
+
+    kubeconfig: str | None
+    qps: float
+    burst: int
+    retry_budget_s: float
+    taint_key: str
+    drain_timeout_s: float
+    drain_grace_period_s: int
+
+
+@dataclass(frozen=True)
+class HandlerSettings:
+    """Every threshold of the handler families, in the settings' units (seconds, counts, bytes).
+
+    ``handlers.HandlerPolicies.from_settings`` turns it into the handlers' policies.
+    """
+
+    incident_ttl_s: float
+    xid_app_window_s: float
+    xid_app_threshold: int
+    xid_burst_quiet_s: float
+    ecc_sbe_rate_per_min: float
+    ecc_sbe_rate_window_s: float
+    ecc_sbe_watch_s: float
+    ecc_sbe_min_span_s: float
+    ecc_retired_pages_limit: int
+    nccl_window_s: float
+    nccl_settle_s: float
+    nccl_min_ranks: int
+    nccl_early_seq: int
+    nccl_peer_threshold: int
+    memleak_min_used_bytes: int
+    memleak_orphan_for_s: float
+    memleak_growth_bytes_per_min: int
+    memleak_growth_window_s: float
+    memleak_growth_min_span_s: float
+    memleak_growth_rising_fraction: float
+
+
+@dataclass(frozen=True)
+class SafetySettings:
+    """The safety rails' limits (``remediator.safety``)."""
+
+    dry_run: bool
+    guards_enabled: frozenset[str]
+    lock_ttl_s: int
+    lock_wait_s: float
+    cooldown_s: float
+    attempt_window_s: float
+    max_node_attempts: int
+    max_gpu_attempts: int
+    budget_max_node_fraction: float
+    budget_max_nodes: int
+    budget_max_gpu_fraction: float
+    budget_max_gpus: int
+    breaker_threshold: int
+    breaker_window_s: float
+    approval_wait_s: float
+
+
+@dataclass(frozen=True)
+class ExecutorSettings:
+    """How the executor runs playbooks and whom it calls."""
+
+    concurrency: int
+    verify_hold_down_s: float | None
+    verify_interval_s: float | None
+    reboot_hook_url: str | None
+    escalation_webhook_url: str | None
 
 
 class Settings(BaseSettings):
@@ -15,92 +136,202 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="REMEDIATOR_", extra="ignore")
 
-    nats_url: str | None = Field(
-        default=None,
+    # --- nats -------------------------------------------------------------------------------------------
+    nats_url: str | None = _in(
+        "nats", default=None,
         description="NATS server URL(s), comma-separated. Unset: serve/demo/bench start an embedded nats-server.",
     )
-    data_dir: str | None = Field(
-        default=None, description="JetStream store of the embedded nats-server. Unset: a temporary directory."
+    data_dir: str | None = _in(
+        "nats", default=None, description="JetStream store of the embedded nats-server. Unset: a temporary directory."
     )
-    http: str = Field(default="127.0.0.1:8080", description="HOST:PORT the HTTP ingest API listens on.")
-    api_tokens: str = Field(
-        default="",
+    duplicate_window_s: int = _in(
+        "nats", default=1200, ge=600, description="JetStream duplicate window of FAULTS (covers Alertmanager retries)."
+    )
+    max_deliver: int = _in(
+        "nats", default=5, ge=1, le=100, description="Deliveries of one message before dead-lettering."
+    )
+    nak_delay_s: float = _in("nats", default=2.0, ge=0, description="Redelivery delay after a temporary failure.")
+    audit_max_age_days: int = _in("nats", default=365, ge=1, description="Retention of the AUDIT stream.")
+    audit_max_bytes: int = _in("nats", default=-1, description="Size limit of the AUDIT stream (-1: unlimited).")
+
+    # --- service ----------------------------------------------------------------------------------------
+    replica_id: str = _in(
+        "service", default="", description="Actor name of this replica in the audit trail (default: host-pid)."
+    )
+    otlp_endpoint: str | None = _in(
+        "service", default=None,
+        description="OTLP/HTTP collector that receives the service's trace spans (e.g. http://otel:4318). "
+                    "Unset: spans are recorded, not exported.",
+    )
+
+    # --- ingest -----------------------------------------------------------------------------------------
+    http: str = _in("ingest", default="127.0.0.1:8080", description="HOST:PORT the HTTP ingest API listens on.")
+    api_tokens: str = _in(
+        "ingest", default="",
         description="Comma-separated bearer tokens accepted by /v1/*. Empty: no authentication (development only).",
     )
-    max_body_bytes: int = Field(default=1_048_576, ge=1024, description="Largest request body accepted (413 above).")
-    kubeconfig: str | None = Field(
-        default=None, description="kubeconfig file of the cluster. Unset: in-cluster config, then ~/.kube/config."
+    max_body_bytes: int = _in(
+        "ingest", default=1_048_576, ge=1024, description="Largest request body accepted (413 above)."
     )
-    dry_run: bool = Field(default=False, description="Record what each playbook would do and touch nothing.")
-    replica_id: str = Field(
-        default="", description="Actor name of this replica in the audit trail (default: host-pid)."
+
+    # --- kube -------------------------------------------------------------------------------------------
+    kubeconfig: str | None = _in(
+        "kube", default=None,
+        description="kubeconfig file of the cluster. Unset: in-cluster config, then ~/.kube/config.",
     )
-    otlp_endpoint: str | None = Field(
-        default=None,
-        description="OTLP/HTTP collector the service exports its trace spans to (e.g. http://otel-collector:4318; "
-                    "/v1/traces is added when the URL has no path). Unset: no export.",
+    kube_qps: float = _in(
+        "kube", default=20.0, gt=0, description="Client-side rate limit of Kubernetes calls (per second)."
     )
-    duplicate_window_s: int = Field(
-        default=1200, ge=600, description="JetStream duplicate window of FAULTS (covers Alertmanager retries)."
+    kube_burst: int = _in("kube", default=40, ge=1, description="Burst allowed above the Kubernetes QPS limit.")
+    kube_retry_budget_s: float = _in(
+        "kube", default=60.0, gt=0, description="Total time a Kubernetes call may spend retrying."
     )
-    max_deliver: int = Field(default=5, ge=1, le=100, description="Deliveries of one message before dead-lettering.")
-    nak_delay_s: float = Field(default=2.0, ge=0, description="Redelivery delay after a temporary failure.")
-    audit_max_age_days: int = Field(default=365, ge=1, description="Retention of the AUDIT stream.")
-    audit_max_bytes: int = Field(default=-1, description="Size limit of the AUDIT stream (-1: unlimited).")
-    lock_ttl_s: int = Field(default=300, ge=5, description="TTL of the per-node playbook lock (renewed while running).")
-    drain_timeout_s: float = Field(default=300.0, gt=0, description="How long a drain waits on PDBs before failing.")
-    drain_grace_period_s: int = Field(default=30, ge=0, description="Termination grace period for evicted pods.")
-    kube_qps: float = Field(default=20.0, gt=0, description="Client-side rate limit of Kubernetes calls (per second).")
-    kube_burst: int = Field(default=40, ge=1, description="Burst allowed above the Kubernetes QPS limit.")
-    kube_retry_budget_s: float = Field(
-        default=60.0, gt=0, description="Total time a Kubernetes call may spend retrying."
+    taint_key: str = _in("kube", default="gpu-remediator/quarantine", description="Taint key the service adds.")
+    drain_timeout_s: float = _in(
+        "kube", default=300.0, gt=0, description="How long a drain waits on PDBs before failing."
     )
-    taint_key: str = Field(default="gpu-remediator/quarantine", description="Taint key the service adds.")
-    xid_app_window_s: int = Field(
-        default=86_400, gt=0, description="Window in which repeated application Xids across jobs mean hardware."
+    drain_grace_period_s: int = _in(
+        "kube", default=30, ge=0, description="Termination grace period for evicted pods."
     )
-    xid_app_threshold: int = Field(default=3, ge=2, description="Distinct jobs with an application Xid on one GPU.")
-    # --- executor and safety rails (remediator.executor, remediator.safety) ---
-    executor_concurrency: int = Field(
-        default=32, ge=1, description="Playbooks one executor runs at once (different nodes)."
+
+    # --- handlers ---------------------------------------------------------------------------------------
+    incident_ttl_s: float = _in(
+        "handlers", default=21_600.0, gt=0,
+        description="An open incident without updates lapses after this long (a lost close never blocks a group).",
     )
-    lock_wait_s: float = Field(
-        default=30.0, ge=0, description="How long a decision waits for a node lock held elsewhere, then retries later."
+    xid_app_window_s: int = _in(
+        "handlers", default=86_400, gt=0,
+        description="Window in which repeated application Xids across jobs mean hardware.",
     )
-    cooldown_s: float = Field(
-        default=600.0, ge=0, description="A new remediation of a node/GPU within this time escalates instead."
+    xid_app_threshold: int = _in(
+        "handlers", default=3, ge=2, description="Distinct jobs with an application Xid on one GPU."
     )
-    attempt_window_s: float = Field(default=86_400.0, gt=0, description="Window of the per-node/per-GPU limits.")
-    max_node_attempts: int = Field(default=3, ge=1, description="Remediations of one node per window, then escalate.")
-    max_gpu_attempts: int = Field(default=2, ge=1, description="Remediations of one GPU per window, then escalate.")
-    budget_max_node_fraction: float = Field(
-        default=0.1, gt=0, le=1, description="Largest fraction of a pool's GPU nodes out of service at once."
+    xid_burst_quiet_s: float = _in(
+        "handlers", default=180.0, gt=0,
+        description="A gap this long between one GPU's Xids ends a burst (the Xid co-occurrence rules).",
     )
-    budget_max_nodes: int = Field(default=50, ge=1, description="Largest number of a pool's GPU nodes out of service.")
-    budget_max_gpu_fraction: float = Field(
-        default=0.1, gt=0, le=1, description="Largest fraction of a pool's GPUs out of service at once."
+    ecc_sbe_rate_per_min: float = _in(
+        "handlers", default=10.0, gt=0,
+        description="Correctable (single-bit) ECC errors per minute that start a watch of the GPU.",
     )
-    budget_max_gpus: int = Field(default=400, ge=1, description="Largest number of a pool's GPUs out of service.")
-    breaker_threshold: int = Field(default=10, ge=1, description="Quarantines within the breaker window that trip it.")
-    breaker_window_s: float = Field(default=300.0, gt=0, description="Window in which quarantines are counted.")
-    guards_enabled: str = Field(
-        default="opt_out,dry_run,cooldown,lock,budget,breaker,approval",
+    ecc_sbe_rate_window_s: float = _in(
+        "handlers", default=3600.0, gt=0, description="Window over which the correctable ECC rate is measured."
+    )
+    ecc_sbe_watch_s: float = _in(
+        "handlers", default=1800.0, ge=0,
+        description="How long the correctable ECC rate must stay over the threshold before the GPU is isolated.",
+    )
+    ecc_sbe_min_span_s: float = _in(
+        "handlers", default=60.0, gt=0, description="Shortest span of readings a correctable ECC rate is taken over."
+    )
+    ecc_retired_pages_limit: int = _in(
+        "handlers", default=60, ge=1,
+        description="Retired pages (DBE + SBE) at which a GPU is isolated for replacement.",
+    )
+    nccl_window_s: float = _in(
+        "handlers", default=600.0, gt=0,
+        description="Window in which NCCL reports and hardware signals of one job are correlated.",
+    )
+    nccl_settle_s: float = _in(
+        "handlers", default=60.0, ge=0,
+        description="After this long since a job's first NCCL report, a timeout with no suspect restarts the job.",
+    )
+    nccl_min_ranks: int = _in(
+        "handlers", default=2, ge=1, description="Ranks that must report before a no-suspect NCCL decision."
+    )
+    nccl_early_seq: int = _in(
+        "handlers", default=10, ge=0,
+        description="A timeout within this many first collectives is a rank that never started, not a straggler.",
+    )
+    nccl_peer_threshold: int = _in(
+        "handlers", default=2, ge=1, description="Network errors naming one peer that make its link the suspect."
+    )
+    memleak_min_used_bytes: int = _in(
+        "handlers", default=1 << 30, ge=0,
+        description="Framebuffer held (above the driver's reserve) that counts as held memory.",
+    )
+    memleak_orphan_for_s: float = _in(
+        "handlers", default=600.0, gt=0,
+        description="How long memory may stay held without an owner (pod gone, no process) before it is a leak.",
+    )
+    memleak_growth_bytes_per_min: int = _in(
+        "handlers", default=64 << 20, ge=1, description="Per-process framebuffer growth (bytes/min) that is a leak."
+    )
+    memleak_growth_window_s: float = _in(
+        "handlers", default=1800.0, gt=0, description="Window of the per-process growth samples."
+    )
+    memleak_growth_min_span_s: float = _in(
+        "handlers", default=1200.0, gt=0,
+        description="Shortest span of growth samples that makes a trend (at most the growth window).",
+    )
+    memleak_growth_rising_fraction: float = _in(
+        "handlers", default=0.8, gt=0, le=1, description="Fraction of sample-to-sample steps that must rise."
+    )
+
+    # --- safety -----------------------------------------------------------------------------------------
+    dry_run: bool = _in("safety", default=False, description="Record what each playbook would do and touch nothing.")
+    guards_enabled: str = _in(
+        "safety", default="opt_out,dry_run,cooldown,lock,budget,breaker,approval",
         description="Comma-separated safety guards in force (benchmarks turn some off; the lock is always on).",
     )
-    approval_wait_s: float = Field(
-        default=30.0, ge=0, description="How long a step waits for approval before the decision is retried later."
+    lock_ttl_s: int = _in(
+        "safety", default=300, ge=5, description="TTL of the per-node playbook lock (renewed while running)."
     )
-    verify_hold_down_s: float | None = Field(
-        default=None, ge=0, description="Overrides every playbook's health hold-down time (drills, demo)."
+    lock_wait_s: float = _in(
+        "safety", default=30.0, ge=0,
+        description="How long a decision waits for a node lock held elsewhere, then retries later.",
     )
-    verify_interval_s: float | None = Field(
-        default=None, gt=0, description="Overrides every playbook's health probe interval (drills, demo)."
+    cooldown_s: float = _in(
+        "safety", default=600.0, ge=0, description="A new remediation of a node/GPU within this time escalates instead."
     )
-    reboot_hook_url: str | None = Field(
-        default=None, description="URL POSTed to reboot a node (power controller); unset: the node agent reboots."
+    attempt_window_s: float = _in(
+        "safety", default=86_400.0, gt=0, description="Window of the per-node/per-GPU limits."
     )
-    escalation_webhook_url: str | None = Field(
-        default=None, description="URL POSTed on every escalation of a playbook with `webhook: true`."
+    max_node_attempts: int = _in(
+        "safety", default=3, ge=1, description="Remediations of one node per window, then escalate."
+    )
+    max_gpu_attempts: int = _in(
+        "safety", default=2, ge=1, description="Remediations of one GPU per window, then escalate."
+    )
+    budget_max_node_fraction: float = _in(
+        "safety", default=0.1, gt=0, le=1, description="Largest fraction of a pool's GPU nodes out of service at once."
+    )
+    budget_max_nodes: int = _in(
+        "safety", default=50, ge=1, description="Largest number of a pool's GPU nodes out of service."
+    )
+    budget_max_gpu_fraction: float = _in(
+        "safety", default=0.1, gt=0, le=1, description="Largest fraction of a pool's GPUs out of service at once."
+    )
+    budget_max_gpus: int = _in(
+        "safety", default=400, ge=1, description="Largest number of a pool's GPUs out of service."
+    )
+    breaker_threshold: int = _in(
+        "safety", default=10, ge=1, description="Quarantines within the breaker window that trip it."
+    )
+    breaker_window_s: float = _in(
+        "safety", default=300.0, gt=0, description="Window in which quarantines are counted."
+    )
+    approval_wait_s: float = _in(
+        "safety", default=30.0, ge=0,
+        description="How long a step waits for approval before the decision is retried later.",
+    )
+
+    # --- executor ---------------------------------------------------------------------------------------
+    executor_concurrency: int = _in(
+        "executor", default=32, ge=1, description="Playbooks one executor runs at once (different nodes)."
+    )
+    verify_hold_down_s: float | None = _in(
+        "executor", default=None, ge=0, description="Overrides every playbook's health hold-down time (drills, demo)."
+    )
+    verify_interval_s: float | None = _in(
+        "executor", default=None, gt=0, description="Overrides every playbook's health probe interval (drills, demo)."
+    )
+    reboot_hook_url: str | None = _in(
+        "executor", default=None,
+        description="URL POSTed to reboot a node (power controller); unset: the node agent reboots.",
+    )
+    escalation_webhook_url: str | None = _in(
+        "executor", default=None, description="URL POSTed on every escalation of a playbook with `webhook: true`."
     )
 
     @field_validator("http")
@@ -110,6 +341,12 @@ class Settings(BaseSettings):
         if not sep or not host or not port.isdigit():
             raise ValueError(f"expected HOST:PORT, got {v!r}")
         return v
+
+    @model_validator(mode="after")
+    def _growth_span_within_window(self) -> Settings:
+        if self.memleak_growth_min_span_s > self.memleak_growth_window_s:
+            raise ValueError("memleak_growth_min_span_s cannot exceed memleak_growth_window_s")
+        return self
 
     @property
     def tokens(self) -> frozenset[str]:
@@ -122,3 +359,44 @@ class Settings(BaseSettings):
     @property
     def http_port(self) -> int:
         return int(self.http.rpartition(":")[2])
+
+    @property
+    def nats_urls(self) -> tuple[str, ...]:
+        """``nats_url`` split at commas (empty: start an embedded server)."""
+        return tuple(u.strip() for u in (self.nats_url or "").split(",") if u.strip())
+
+    # --- the typed views ------------------------------------------------------------------------------
+
+    def nats_view(self) -> NatsSettings:
+        return NatsSettings(self.nats_urls, self.data_dir, self.duplicate_window_s, self.max_deliver,
+                            self.nak_delay_s, self.audit_max_age_days, self.audit_max_bytes)
+
+    def kube_view(self) -> KubeSettings:
+        return KubeSettings(self.kubeconfig, self.kube_qps, self.kube_burst, self.kube_retry_budget_s,
+                            self.taint_key, self.drain_timeout_s, self.drain_grace_period_s)
+
+    def handlers_view(self) -> HandlerSettings:
+        return HandlerSettings(**{name: getattr(self, name) for name in HandlerSettings.__dataclass_fields__})
+
+    def safety_view(self) -> SafetySettings:
+        guards = frozenset(g.strip() for g in self.guards_enabled.split(",") if g.strip())
+        return SafetySettings(
+            self.dry_run, guards, self.lock_ttl_s, self.lock_wait_s, self.cooldown_s, self.attempt_window_s,
+            self.max_node_attempts, self.max_gpu_attempts, self.budget_max_node_fraction, self.budget_max_nodes,
+            self.budget_max_gpu_fraction, self.budget_max_gpus, self.breaker_threshold, self.breaker_window_s,
+            self.approval_wait_s)
+
+    def executor_view(self) -> ExecutorSettings:
+        return ExecutorSettings(self.executor_concurrency, self.verify_hold_down_s, self.verify_interval_s,
+                                self.reboot_hook_url, self.escalation_webhook_url)
+
+
+def section_of(name: str) -> str:
+    """The section a ``Settings`` field is declared in."""
+    extra = Settings.model_fields[name].json_schema_extra
+    assert isinstance(extra, dict), name
+    return str(extra["section"])
+
+
+__all__ = ["SECTIONS", "ExecutorSettings", "HandlerSettings", "KubeSettings", "NatsSettings", "SafetySettings",
+           "Settings", "section_of"]
