@@ -169,6 +169,23 @@ def resolve_job(origin: Origin | None, labels: Mapping[str, str]) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class JobRef:
+    """The controller that owns a pod's gang, as the Kubernetes adapter's job discovery finds it
+    (``find_job``, ``job_of_pod``): PyTorchJob, Job, JobSet, StatefulSet, Deployment, ReplicaSet, or
+    ``kind="Pod"`` for a bare pod that nothing recreates."""
+
+    kind: str
+    name: str
+    namespace: str
+    api_version: str
+    uid: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}/{self.namespace}/{self.name}"
+
+
 class FaultEvent(_Emitted):
     """FaultEvent v1 (DESIGN.md §3). Field names have NVSentinel HealthEvent counterparts."""
 

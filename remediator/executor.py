@@ -58,8 +58,8 @@ from playbooks.steps import (
     quarantine_of,
 )
 from remediator import consumers, safety
-from remediator.adapters.kube import DrainTimeout, KubePermanentError, KubeTemporaryError, NotFound
 from remediator.adapters.agent import AgentUnavailable
+from remediator.adapters.kube import DrainTimeout, KubePermanentError, KubeTemporaryError, NotFound
 from remediator.bus import PermanentError, TemporaryError, dead_letter_publisher, settle
 from remediator.contracts import Decision, StepRecord, utcnow
 from remediator.safety import Attempt, BreakerState, GuardVerdict, PoolUsage, SafetyPolicy, SafetySnapshot

@@ -33,8 +33,8 @@ from handlers import xid as xid_handler
 from handlers.base import REGISTRY
 from playbooks.catalog import PlaybookCatalog
 from remediator import bus, consumers, telemetry
-from remediator.adapters.kube import KubeAdapter
 from remediator.adapters.agent import AgentClient
+from remediator.adapters.kube import KubeAdapter
 from remediator.audit import AuditLog
 from remediator.contracts import utcnow
 from remediator.dispatch import Dispatcher

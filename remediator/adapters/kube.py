@@ -1,15 +1,19 @@
 """Kubernetes adapter: every call the service makes to the Kubernetes API, and the only module that imports
 ``kubernetes``.
 
-Where it sits: below the executor's step library (DESIGN.md §7). Playbook steps (``taint``, ``cordon``,
-``drain``, ``isolate_gpu``, ``restart_job``, ``return_to_service``, ``escalate``) and the blast-radius guard
-call a ``KubeAdapter``; nothing above this module sees a kubernetes model object, an ``ApiException`` or a
-urllib3 error. What comes back is plain data: dicts shaped like the API's JSON (camelCase keys inside raw
-objects, snake_case in the summaries this module builds), ``JobRef`` and ``KubeChange`` frozen dataclasses.
+Where it sits: below the executor and its step library (DESIGN.md §7). Playbook steps (``taint``,
+``cordon``, ``drain``, ``restart_job``, ``return_to_service``, ``escalate``) and the executor's guards
+``await`` an ``AsyncKube`` (the port, typed against ``playbooks.ports.KubePort``); the CLI and tests may
+use the synchronous ``KubeAdapter`` under it directly. Nothing above this module sees a kubernetes model
+object, an ``ApiException`` or a urllib3 error. What comes back is plain data: dicts shaped like the API's
+JSON (camelCase keys inside raw objects, snake_case in the summaries this module builds), and the frozen
+``contracts.Change`` (what a mutation changed) and ``contracts.JobRef`` (a job's controller, found by
+``find_job``).
 
-The adapter is synchronous and thread-safe: the async executor calls it through ``asyncio.to_thread``, and
-several steps may run at once on different nodes. One ``urllib3`` pool is shared; the rate limiter holds
-its own lock; every other piece of state lives on the stack of one call.
+``KubeAdapter`` is synchronous and thread-safe; ``AsyncKube`` runs its calls on a bounded thread pool of
+its own, the one thread hop between the event loop and the API, so several steps may run at once on
+different nodes. One ``urllib3`` pool is shared; the rate limiter holds its own lock; every other piece of
+state lives on the stack of one call.
 
 Client discipline, in one place (``KubeAdapter._request``):
 
@@ -22,23 +26,30 @@ Client discipline, in one place (``KubeAdapter._request``):
   (bounded by ``conflict_attempts``);
 * 404 becomes ``NotFound``, which a caller can act on (the node is gone, the pod is already evicted).
 
-Error vocabulary (what may leave this module):
+Error vocabulary (what may leave this module), subclasses of ``remediator.errors``, so ``bus.settle``
+knows what each means for the message without glue in between:
 
-* ``KubeTemporaryError`` — worth trying again later: the retry budget ran out on 5xx/429/connection
-  errors, or conflicting writers kept winning. Carries ``status`` and ``retry_after`` (seconds, when the
-  server said). The adapter has already retried; the caller naks with a delay rather than looping.
-* ``KubePermanentError`` — retrying will not help (400, 401, 403, 422, an unsupported job kind …).
+* ``KubeTemporaryError`` (a ``TemporaryError``) — worth trying again later: the retry budget ran out on
+  5xx/429/connection errors. Carries ``status`` and ``retry_after`` (seconds, when the server said), which
+  is also its ``delay``: the message is nakked for as long as the API server asked. The adapter has
+  already retried; the caller naks rather than looping.
+* ``KubeConflict`` (a ``KubeTemporaryError`` and a ``Conflict``) — conflicting writers kept winning.
+* ``KubePermanentError`` (a ``PermanentError``) — retrying will not help (400, 401, 403, 422, an
+  unsupported job kind …). Inside a playbook step the step fails and its ``on_failure`` decides.
 * ``NotFound`` — a ``KubePermanentError`` for 404, naming the missing object.
-* ``DrainTimeout`` — a drain or per-GPU eviction did not finish within its timeout (PodDisruptionBudgets
-  kept refusing, or evicted pods did not terminate). Carries the pods left and those already evicted; the
-  playbook escalates. Not retried here: the drain itself is idempotent, so running it again continues.
+* ``DrainTimeout`` — a ``KubePermanentError``: a drain or per-GPU eviction did not finish within its
+  timeout (PodDisruptionBudgets kept refusing, or evicted pods did not terminate). The step fails and the
+  playbook escalates; ``before``/``after`` carry the pods left and those already evicted. Not retried
+  here: the drain itself is idempotent, so running it again continues.
 
-Mutations are idempotent (check before act) and return ``KubeChange(changed, before, after, detail)`` for
+Mutations are idempotent (check before act) and return ``Change(changed, before, after, detail)`` for
 the audit trail.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
 import json
 import logging
@@ -46,10 +57,10 @@ import random
 import socket
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar
 
 import urllib3
 from kubernetes import client as k8s_client
@@ -59,7 +70,8 @@ from kubernetes.config.config_exception import ConfigException
 from tenacity import RetryCallState, RetryError, Retrying, retry_if_exception
 
 from remediator.adapters.ratelimit import TokenBucket
-from remediator.contracts import OPT_OUT_LABEL, POOL_LABEL
+from remediator.contracts import JOB_LABELS, OPT_OUT_LABEL, POOL_LABEL, Change, JobRef
+from remediator.errors import Conflict, PermanentError, RemediatorError, TemporaryError
 
 if TYPE_CHECKING:
     from remediator.settings import Settings
@@ -70,10 +82,10 @@ __all__ = [
     "GPU_INDICES_ANNOTATION",
     "RESTARTED_AT_ANNOTATION",
     "RESTART_ID_ANNOTATION",
+    "AsyncKube",
     "DrainTimeout",
-    "JobRef",
     "KubeAdapter",
-    "KubeChange",
+    "KubeConflict",
     "KubeError",
     "KubePermanentError",
     "KubeTemporaryError",
@@ -81,6 +93,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 # --- names on the wire ------------------------------------------------------------------------------
 
@@ -97,6 +112,8 @@ MIRROR_POD_ANNOTATION: Final = "kubernetes.io/config.mirror"
 KUBEFLOW_JOB_LABEL: Final = "training.kubeflow.org/job-name"
 KUBEFLOW_REPLICA_INDEX_LABEL: Final = "training.kubeflow.org/replica-index"
 BATCH_JOB_LABELS: Final = ("batch.kubernetes.io/job-name", "job-name")
+JOBSET_NAME_LABEL: Final = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_API: Final = "jobset.x-k8s.io/v1alpha2"
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 DEFAULT_POOL: Final = "default"
 EVENT_NAMESPACE: Final = "default"  # where Kubernetes keeps events about cluster-scoped objects (Nodes)
@@ -109,6 +126,7 @@ MERGE_PATCH: Final = "application/merge-patch+json"
 _CONTROLLERS: Final[dict[str, tuple[str, str]]] = {
     "PyTorchJob": ("kubeflow.org/v1", "pytorchjobs"),
     "Job": ("batch/v1", "jobs"),
+    "JobSet": (JOBSET_API, "jobsets"),
     "StatefulSet": ("apps/v1", "statefulsets"),
     "Deployment": ("apps/v1", "deployments"),
     "ReplicaSet": ("apps/v1", "replicasets"),
@@ -117,24 +135,29 @@ _CONTROLLERS: Final[dict[str, tuple[str, str]]] = {
 # --- error vocabulary -------------------------------------------------------------------------------
 
 
-class KubeError(Exception):
+class KubeError(RemediatorError):
     """Base of everything this adapter raises."""
 
 
-class KubeTemporaryError(KubeError):
+class KubeTemporaryError(KubeError, TemporaryError):
     """The API could not do it now; the adapter's own retries are spent. Try again later.
 
     ``status`` is the HTTP status of the last answer (``None`` for a connection error or timeout);
-    ``retry_after`` is what the server asked for, in seconds, when it said.
+    ``retry_after`` is what the server asked for, in seconds, when it said, and is also the error's
+    ``delay``, so ``bus.settle`` naks the message for as long as the API server asked.
     """
 
     def __init__(self, message: str, *, status: int | None = None, retry_after: float | None = None) -> None:
-        super().__init__(message)
+        super().__init__(message, delay=retry_after)
         self.status = status
         self.retry_after = retry_after
 
 
-class KubePermanentError(KubeError):
+class KubeConflict(KubeTemporaryError, Conflict):
+    """409, again and again: concurrent writers kept winning the ``resourceVersion`` precondition."""
+
+
+class KubePermanentError(KubeError, PermanentError):
     """Trying again will not help: the request is wrong, forbidden or unsupported."""
 
     def __init__(self, message: str, *, status: int | None = None) -> None:
@@ -152,12 +175,14 @@ class NotFound(KubePermanentError):
         self.namespace = namespace
 
 
-class DrainTimeout(KubeError):
-    """A drain (or per-GPU eviction) did not finish in time.
+class DrainTimeout(KubePermanentError):
+    """A drain (or per-GPU eviction) did not finish in time: the step failed, and the playbook's
+    ``on_failure`` (escalate) decides what follows; redelivering the message would not make the
+    PodDisruptionBudgets relent (the drain is idempotent, so a later run continues where this one stopped).
 
     ``pods_left`` lists what still stands between the node and empty, each ``{name, namespace, uid, owner,
     reason}`` with ``reason`` ``"blocked by PodDisruptionBudget"`` or ``"still terminating"``; ``evicted``
-    lists the pods evicted before the time ran out.
+    lists the pods evicted before the time ran out. ``before``/``after`` say the same for the step record.
     """
 
     def __init__(
@@ -172,39 +197,13 @@ class DrainTimeout(KubeError):
         self.timeout_s = timeout_s
         self.pods_left = pods_left
         self.evicted = evicted
+        self.before: dict[str, Any] = {}
+        self.after: dict[str, Any] = {"pods_left": pods_left, "evicted": evicted}
 
 
-class _Conflict(KubeTemporaryError):
-    """409: our precondition lost to a concurrent writer (or the object already exists). Internal."""
-
-
-# --- plain data handed to callers -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class KubeChange:
-    """What one mutation did, for the audit trail: ``changed`` is False when it found nothing to do."""
-
-    changed: bool
-    before: dict[str, Any] = field(default_factory=dict)
-    after: dict[str, Any] = field(default_factory=dict)
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class JobRef:
-    """The controller that owns a pod's gang: PyTorchJob, Job, StatefulSet, Deployment, ReplicaSet, or
-    ``kind="Pod"`` for a bare pod that nothing recreates."""
-
-    kind: str
-    name: str
-    namespace: str
-    api_version: str
-    uid: str | None = None
-
-    @property
-    def key(self) -> str:
-        return f"{self.kind}/{self.namespace}/{self.name}"
+class _Conflict(KubeConflict):
+    """One 409: our precondition lost to a concurrent writer (or the object already exists). Internal: the
+    mutation re-reads and re-decides; only ``KubeConflict`` (writers kept winning) leaves the adapter."""
 
 
 # --- small pure helpers -----------------------------------------------------------------------------
@@ -603,6 +602,13 @@ class KubeAdapter:
         gpus_allocatable``. Raises ``NotFound``."""
         return self._node_summary(self._raw_node(name))
 
+    def find_node(self, name: str) -> dict[str, Any] | None:
+        """The node summary of ``get_node``, or ``None`` when there is no node of that name."""
+        try:
+            return self.get_node(name)
+        except NotFound:
+            return None
+
     def list_gpu_nodes(self, pool: str | None = None) -> list[dict[str, Any]]:
         """Summaries of the GPU nodes (``nvidia.com/gpu`` capacity, the GPU operator's labels, or our pool
         label), optionally only those of one pool; nodes without a pool label are in ``"default"``."""
@@ -649,7 +655,7 @@ class KubeAdapter:
                 log.info("node %s changed under us (attempt %d); re-reading", name, attempt)
                 continue
             return raw, after, True, detail
-        raise KubeTemporaryError(
+        raise KubeConflict(
             f"node {name}: concurrent writers won {self._conflict_attempts} times in a row; try again later",
             status=409,
         )
@@ -662,7 +668,7 @@ class KubeAdapter:
             "cordoned_by_us": CORDONED_BY_US_ANNOTATION in _annotations(raw),
         }
 
-    def taint(self, node: str, key: str, value: str, effect: str = "NoSchedule") -> KubeChange:
+    def taint(self, node: str, key: str, value: str, effect: str = "NoSchedule") -> Change:
         """Add the taint ``key=value:effect``, keeping every other taint.
 
         A taint with the same key and effect already there means nothing to do (``changed=False``), even
@@ -685,11 +691,11 @@ class KubeAdapter:
             return {"spec": {"taints": [*taints, new]}}, f"tainted {node} with {key}={value}:{effect}"
 
         before, after, changed, detail = self._mutate_node(node, decide)
-        return KubeChange(changed, self._node_state(before), self._node_state(after), detail)
+        return Change(changed, self._node_state(before), self._node_state(after), detail)
 
     def untaint(
         self, node: str, key: str, effect: str | None = "NoSchedule", *, only_if_value: str | None = None
-    ) -> KubeChange:
+    ) -> Change:
         """Remove the taint ``key:effect`` (any effect when ``effect`` is None).
 
         With ``only_if_value`` only a taint carrying that value is removed, so returning a node to service
@@ -712,9 +718,9 @@ class KubeAdapter:
             return {"spec": {"taints": keep}}, f"removed taint {key}:{effect or '*'} from {node}"
 
         before, after, changed, detail = self._mutate_node(node, decide)
-        return KubeChange(changed, self._node_state(before), self._node_state(after), detail)
+        return Change(changed, self._node_state(before), self._node_state(after), detail)
 
-    def cordon(self, node: str) -> KubeChange:
+    def cordon(self, node: str) -> Change:
         """Mark the node unschedulable. ``before["unschedulable"]`` records whether it already was; when we
         cordon, a ``gpu-remediator.io/cordoned-at`` annotation marks the cordon as ours."""
 
@@ -728,9 +734,9 @@ class KubeAdapter:
             return patch, f"cordoned {node}"
 
         before, after, changed, detail = self._mutate_node(node, decide)
-        return KubeChange(changed, self._node_state(before), self._node_state(after), detail)
+        return Change(changed, self._node_state(before), self._node_state(after), detail)
 
-    def uncordon(self, node: str, *, only_if_ours: bool = False) -> KubeChange:
+    def uncordon(self, node: str, *, only_if_ours: bool = False) -> Change:
         """Make the node schedulable again. With ``only_if_ours`` a cordon we did not set is left alone."""
 
         def decide(raw: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
@@ -745,9 +751,9 @@ class KubeAdapter:
             return patch, f"uncordoned {node}"
 
         before, after, changed, detail = self._mutate_node(node, decide)
-        return KubeChange(changed, self._node_state(before), self._node_state(after), detail)
+        return Change(changed, self._node_state(before), self._node_state(after), detail)
 
-    def annotate(self, node: str, annotations: Mapping[str, str | None]) -> KubeChange:
+    def annotate(self, node: str, annotations: Mapping[str, str | None]) -> Change:
         """Set (or, for ``None``, remove) node annotations; ``before``/``after`` show only those keys."""
 
         def decide(raw: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
@@ -759,7 +765,7 @@ class KubeAdapter:
 
         before, after, changed, detail = self._mutate_node(node, decide)
         keys = list(annotations)
-        return KubeChange(
+        return Change(
             changed,
             {"annotations": {k: _annotations(before).get(k) for k in keys}},
             {"annotations": {k: _annotations(after).get(k) for k in keys}},
@@ -814,9 +820,11 @@ class KubeAdapter:
         """The controller whose gang a pod belongs to, or ``None`` for DaemonSet and mirror pods.
 
         Takes a summary from ``pods_on_node`` (or a raw pod object). Owner references win; the labels
-        ``training.kubeflow.org/job-name`` (PyTorchJob) and ``job-name`` (batch Job) fill in when there
-        is none. A ReplicaSet owned by a Deployment resolves to the Deployment (one read). A pod with no
-        owner at all is ``JobRef(kind="Pod")``.
+        fill in when there is none, in ``contracts.JOB_LABELS`` order: ``training.kubeflow.org/job-name``
+        (PyTorchJob), ``jobset.sigs.k8s.io/jobset-name`` (JobSet), ``batch.kubernetes.io/job-name`` /
+        ``job-name`` (batch Job). A ReplicaSet owned by a Deployment resolves to the Deployment, a Job owned
+        by a JobSet to the JobSet (one read each). A pod with no owner at all is ``JobRef(kind="Pod")``:
+        itself, never a job guessed from its name.
         """
         summary = self._pod_summary(pod) if "metadata" in pod else dict(pod)
         if summary.get("mirror") or summary.get("daemonset"):
@@ -838,13 +846,69 @@ class KubeAdapter:
                 if rs_owner and rs_owner.get("kind") == "Deployment":
                     return JobRef("Deployment", str(rs_owner["name"]), ns, "apps/v1", rs_owner.get("uid"))
                 return JobRef("ReplicaSet", name, ns, api_version or "apps/v1", uid)
+            if kind == "Job" and labels.get(JOBSET_NAME_LABEL):
+                # A JobSet's Jobs are one gang: the JobSet is what restarts (one read to confirm the owner).
+                try:
+                    job = self._request(
+                        "GET", f"/apis/batch/v1/namespaces/{ns}/jobs/{name}", kind="Job", name=name, namespace=ns,
+                    )
+                except NotFound:
+                    return JobRef("Job", name, ns, api_version or "batch/v1", uid)
+                job_owner = _controller_owner(_meta(job))
+                if job_owner and job_owner.get("kind") == "JobSet":
+                    return JobRef("JobSet", str(job_owner["name"]), ns, str(job_owner.get("apiVersion") or JOBSET_API),
+                                  job_owner.get("uid"))
             return JobRef(kind, name, ns, api_version, uid)
         if labels.get(KUBEFLOW_JOB_LABEL):
             return JobRef("PyTorchJob", labels[KUBEFLOW_JOB_LABEL], ns, "kubeflow.org/v1")
+        if labels.get(JOBSET_NAME_LABEL):
+            return JobRef("JobSet", labels[JOBSET_NAME_LABEL], ns, JOBSET_API)
         for label in BATCH_JOB_LABELS:
             if labels.get(label):
                 return JobRef("Job", labels[label], ns, "batch/v1")
         return JobRef("Pod", summary["name"], ns, "v1", summary.get("uid"))
+
+    def find_job(
+        self,
+        node: str,
+        *,
+        name: str | None = None,
+        namespace: str | None = None,
+        pod_filter: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> JobRef | None:
+        """The controller of a job that runs on ``node``: job discovery for ``restart_job``.
+
+        With ``name`` (the job as ``contracts.resolve_job`` names it, in ``namespace`` when known): the
+        controller of a pod on the node whose controller has that name, or whose job label
+        (``contracts.JOB_LABELS``) says it; else, when no pod on the node belongs to it any more, the
+        PyTorchJob, batch Job or JobSet of that name in ``namespace`` (``"default"`` when unknown), first
+        found in that order. Without ``name``: the one job the node's workload pods (those ``pod_filter``
+        accepts, e.g. the pods on one GPU) belong to. ``None`` when there is no such job, or when the node
+        runs several and nothing says which. DaemonSet and mirror pods are never a job.
+        """
+        candidates = [p for p in self.pods_on_node(node) if not p["daemonset"] and not p["mirror"]]
+        if name is None:
+            if pod_filter is not None:
+                candidates = [p for p in candidates if pod_filter(p)]
+            jobs = {j.key: j for j in (self.job_of_pod(p) for p in candidates) if j is not None}
+            return next(iter(jobs.values())) if len(jobs) == 1 else None
+        for p in candidates:
+            if namespace is not None and p["namespace"] != namespace:
+                continue
+            labelled = any(p["labels"].get(label) == name for label in JOB_LABELS)
+            j = self.job_of_pod(p)
+            if j is not None and (j.name == name or labelled):
+                return j
+        ns = namespace or "default"
+        for kind in ("PyTorchJob", "Job", "JobSet"):
+            api_version = _CONTROLLERS[kind][0]
+            ref = JobRef(kind, name, ns, api_version)
+            try:
+                obj = self._request("GET", self._object_path(ref), kind=kind, name=name, namespace=ns)
+            except NotFound:
+                continue
+            return JobRef(kind, name, ns, api_version, _meta(obj).get("uid"))
+        return None
 
     # --- eviction and drain --------------------------------------------------------------------------
 
@@ -882,7 +946,7 @@ class KubeAdapter:
         grace_period_s: int | None = None,
         pod_filter: Callable[[dict[str, Any]], bool] | None = None,
         progress: Callable[[str], None] | None = None,
-    ) -> KubeChange:
+    ) -> Change:
         """Evict the pods of ``node`` through the Eviction API and wait until they are gone.
 
         Skipped (listed in ``after["skipped"]`` with a reason): DaemonSet pods, mirror pods, finished pods
@@ -933,7 +997,7 @@ class KubeAdapter:
         before = {"node": node, "pods": [_brief(p) for p in pods]}
         if not targets and not terminating:
             say(f"{node}: nothing to evict")
-            return KubeChange(
+            return Change(
                 False, before, {"node": node, "evicted": [], "skipped": skipped, "gone": []},
                 f"nothing to evict on {node}",
             )
@@ -1005,7 +1069,7 @@ class KubeAdapter:
         detail = f"evicted {len(evicted)} pods from {node}"
         if terminating:
             detail += f"; waited for {len(terminating)} pods already terminating"
-        return KubeChange(bool(evicted), before, after, detail)
+        return Change(bool(evicted), before, after, detail)
 
     def evict_pods_on_gpu(
         self,
@@ -1015,7 +1079,7 @@ class KubeAdapter:
         timeout_s: float | None = None,
         grace_period_s: int | None = None,
         progress: Callable[[str], None] | None = None,
-    ) -> KubeChange:
+    ) -> Change:
         """Evict only the pods whose ``gpu-remediator.io/gpu-indices`` annotation names ``gpu_index``;
         pods on the node's other GPUs keep running. Same rules, timeout and result as ``drain``."""
         return self.drain(
@@ -1041,7 +1105,8 @@ class KubeAdapter:
             f"/api/v1/namespaces/{job.namespace}/pods", {"labelSelector": selector}, kind="PodList"
         )
         pods = [self._pod_summary(p) for p in raw]
-        if job.kind != "Deployment" and uid:
+        if job.kind not in ("Deployment", "JobSet") and uid:
+            # (A Deployment's and a JobSet's pods are owned by their ReplicaSets and Jobs, not by them.)
             # A pod controlled by another object (an earlier job of the same name) is not in this gang.
             pods = [p for p in pods if not p["owner"] or not p["owner"].get("uid") or p["owner"]["uid"] == uid]
         return sorted(pods, key=lambda p: (p["labels"].get(KUBEFLOW_REPLICA_INDEX_LABEL, ""), p["name"]))
@@ -1071,6 +1136,8 @@ class KubeAdapter:
         spec = obj.get("spec") or {}
         if job.kind == "PyTorchJob":
             return f"{KUBEFLOW_JOB_LABEL}={job.name}"
+        if job.kind == "JobSet":
+            return f"{JOBSET_NAME_LABEL}={job.name}"
         if job.kind == "Job":
             return _label_selector(spec.get("selector")) or f"job-name={job.name}"
         selector = _label_selector(spec.get("selector"))
@@ -1102,12 +1169,13 @@ class KubeAdapter:
 
     def restart_job(
         self, job: JobRef, *, restart_id: str, grace_period_s: int | None = None
-    ) -> KubeChange:
+    ) -> Change:
         """Restart the whole gang of ``job``: delete every pod of it at once (one ``deletecollection`` by the
         controller's selector) so its controller recreates them all, not one rank.
 
         Supported: ``PyTorchJob`` (pods labelled ``training.kubeflow.org/job-name``), batch ``Job`` (its
-        selector: ``controller-uid``, else ``job-name``), ``StatefulSet``, ``Deployment``, ``ReplicaSet``.
+        selector: ``controller-uid``, else ``job-name``), ``JobSet`` (pods labelled
+        ``jobset.sigs.k8s.io/jobset-name``), ``StatefulSet``, ``Deployment``, ``ReplicaSet``.
         A bare pod (``kind="Pod"``) has no controller to recreate it: ``KubePermanentError``.
 
         Idempotent per ``restart_id``: before deleting anything the job object is annotated with
@@ -1131,14 +1199,14 @@ class KubeAdapter:
                 leftovers = [p for p in pods if p["uid"] in planned]
                 when = annotations.get(RESTARTED_AT_ANNOTATION, "?")
                 if not leftovers:
-                    return KubeChange(
+                    return Change(
                         False,
                         {"job": job.key, "pods": pods_view},
                         {"job": job.key, "pods": pods_view, "restart_id": restart_id, "restarted_at": when},
                         f"{job.key} already restarted for {restart_id} at {when}",
                     )
                 deleted = [_brief(p) for p in leftovers if self._delete_pod(p, grace)]
-                return KubeChange(
+                return Change(
                     bool(deleted),
                     {"job": job.key, "pods": pods_view},
                     {"job": job.key, "deleted": deleted, "restart_id": restart_id, "restarted_at": when},
@@ -1166,13 +1234,13 @@ class KubeAdapter:
                 log.info("%s changed under us (attempt %d); re-reading", job.key, attempt)
                 continue
             deleted = self._delete_gang(job, obj, pods, grace)
-            return KubeChange(
+            return Change(
                 True,
                 {"job": job.key, "pods": pods_view},
                 {"job": job.key, "deleted": deleted, "restart_id": restart_id, "restarted_at": now},
                 f"restarted {job.key}: deleted {len(deleted)} of {len(pods)} pods for its controller to recreate",
             )
-        raise KubeTemporaryError(
+        raise KubeConflict(
             f"{job.key}: concurrent writers won {self._conflict_attempts} times in a row; try again later",
             status=409,
         )
@@ -1194,7 +1262,7 @@ class KubeAdapter:
 
     def create_event(
         self, node: str, reason: str, message: str, type: str = "Warning", *, key: str | None = None
-    ) -> KubeChange:
+    ) -> Change:
         """Record a core/v1 Event about the Node (namespace ``default``, involvedObject kind Node).
 
         With ``key`` the event name is derived from it, so repeating the call with the same key creates
@@ -1235,12 +1303,12 @@ class KubeAdapter:
                 "POST", f"/api/v1/namespaces/{EVENT_NAMESPACE}/events", body=event, kind="Event", name=node
             )
         except _Conflict:
-            return KubeChange(False, {}, {"event": {**view, "name": metadata["name"]}}, "event already recorded")
-        return KubeChange(
+            return Change(False, {}, {"event": {**view, "name": metadata["name"]}}, "event already recorded")
+        return Change(
             True, {}, {"event": {**view, "name": _meta(created).get("name")}}, f"event {reason} on {node}"
         )
 
-    def escalate(self, node: str, reason: str, incident: str) -> KubeChange:
+    def escalate(self, node: str, reason: str, incident: str) -> Change:
         """Mark ``node`` for a person: annotation ``gpu-remediator.io/escalated`` (JSON: incident, reason,
         at) and a Warning Event. Idempotent per incident."""
         current = self.get_node(node)["annotations"].get(ESCALATED_ANNOTATION)
@@ -1249,7 +1317,7 @@ class KubeAdapter:
         except ValueError:
             marked = None
         if isinstance(marked, dict) and marked.get("incident") == incident:
-            annotation = KubeChange(False, {"annotations": {ESCALATED_ANNOTATION: current}},
+            annotation = Change(False, {"annotations": {ESCALATED_ANNOTATION: current}},
                                     {"annotations": {ESCALATED_ANNOTATION: current}}, "already escalated")
         else:
             value = json.dumps(
@@ -1259,9 +1327,119 @@ class KubeAdapter:
         event = self.create_event(node, "GpuRemediationEscalated", f"incident {incident}: {reason}",
                                   key=f"escalate|{incident}")
         changed = annotation.changed or event.changed
-        return KubeChange(
+        return Change(
             changed,
             annotation.before,
             {**annotation.after, **event.after},
             f"escalated {node} for incident {incident}" if changed else f"{node} already escalated for {incident}",
         )
+
+
+# --- the async port ---------------------------------------------------------------------------------
+
+
+class AsyncKube:
+    """The Kubernetes port of the async service: ``KubeAdapter``'s calls, awaited.
+
+    Where it sits: between the executor and its step library above (they ``await`` it, typed against the
+    ``playbooks.ports.KubePort`` protocol, and never see a thread) and the synchronous ``KubeAdapter`` below.
+    Each call hops once onto this port's own bounded thread pool (``max_workers`` at once; more wait their
+    turn), where the adapter does its rate-limited, retried requests, so a drain waiting on
+    PodDisruptionBudgets never takes a thread of the event loop's default executor. Errors are the adapter's
+    (``KubeTemporaryError`` and the rest), raised at the ``await``.
+    """
+
+    def __init__(self, adapter: KubeAdapter, *, max_workers: int = 8) -> None:
+        if max_workers < 1:
+            raise ValueError("max_workers must be at least 1")
+        self.sync = adapter
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="kube")
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, max_workers: int | None = None, **overrides: Any) -> AsyncKube:
+        """A port over ``KubeAdapter.from_settings(settings, **overrides)``, with a thread for each run the
+        executor may have going at once (``executor_concurrency``) and a few for the guards' reads."""
+        workers = settings.executor_concurrency + 4 if max_workers is None else max_workers
+        return cls(KubeAdapter.from_settings(settings, **overrides), max_workers=workers)
+
+    @property
+    def taint_key(self) -> str:
+        return self.sync.taint_key
+
+    async def _call(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+
+    def close(self) -> None:
+        """Stop the worker threads and release the adapter's connection pool."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.sync.close()
+
+    # --- nodes
+
+    async def get_node(self, name: str) -> dict[str, Any]:
+        return await self._call(self.sync.get_node, name)
+
+    async def find_node(self, name: str) -> dict[str, Any] | None:
+        return await self._call(self.sync.find_node, name)
+
+    async def list_gpu_nodes(self, pool: str | None = None) -> list[dict[str, Any]]:
+        return await self._call(self.sync.list_gpu_nodes, pool)
+
+    async def taint(self, node: str, key: str, value: str, effect: str = "NoSchedule") -> Change:
+        return await self._call(self.sync.taint, node, key, value, effect)
+
+    async def untaint(
+        self, node: str, key: str, effect: str | None = "NoSchedule", *, only_if_value: str | None = None
+    ) -> Change:
+        return await self._call(self.sync.untaint, node, key, effect, only_if_value=only_if_value)
+
+    async def cordon(self, node: str) -> Change:
+        return await self._call(self.sync.cordon, node)
+
+    async def uncordon(self, node: str, *, only_if_ours: bool = False) -> Change:
+        return await self._call(self.sync.uncordon, node, only_if_ours=only_if_ours)
+
+    async def annotate(self, node: str, annotations: Mapping[str, str | None]) -> Change:
+        return await self._call(self.sync.annotate, node, annotations)
+
+    # --- pods and jobs
+
+    async def pods_on_node(self, node: str) -> list[dict[str, Any]]:
+        return await self._call(self.sync.pods_on_node, node)
+
+    async def drain(self, node: str, *, timeout_s: float | None = None, grace_period_s: int | None = None) -> Change:
+        return await self._call(self.sync.drain, node, timeout_s=timeout_s, grace_period_s=grace_period_s)
+
+    async def evict_pods_on_gpu(
+        self, node: str, gpu_index: int, *, timeout_s: float | None = None, grace_period_s: int | None = None
+    ) -> Change:
+        return await self._call(
+            self.sync.evict_pods_on_gpu, node, gpu_index, timeout_s=timeout_s, grace_period_s=grace_period_s
+        )
+
+    async def find_job(
+        self,
+        node: str,
+        *,
+        name: str | None = None,
+        namespace: str | None = None,
+        pod_filter: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> JobRef | None:
+        return await self._call(self.sync.find_job, node, name=name, namespace=namespace, pod_filter=pod_filter)
+
+    async def job_pods(self, job: JobRef) -> list[dict[str, Any]]:
+        return await self._call(self.sync.job_pods, job)
+
+    async def restart_job(self, job: JobRef, *, restart_id: str, grace_period_s: int | None = None) -> Change:
+        return await self._call(self.sync.restart_job, job, restart_id=restart_id, grace_period_s=grace_period_s)
+
+    # --- events and escalation
+
+    async def create_event(
+        self, node: str, reason: str, message: str, type: str = "Warning", *, key: str | None = None
+    ) -> Change:
+        return await self._call(self.sync.create_event, node, reason, message, type, key=key)
+
+    async def escalate(self, node: str, reason: str, incident: str) -> Change:
+        return await self._call(self.sync.escalate, node, reason, incident)

@@ -71,9 +71,10 @@ async def _one_run(nodes: int, failing: int, *, breaker: bool, progress: Progres
     import handlers
     from playbooks.catalog import PlaybookCatalog
     from remediator import bus
-    from remediator.adapters.kube import KubeAdapter, KubeChange
     from remediator.adapters.agent import AgentClient
+    from remediator.adapters.kube import KubeAdapter
     from remediator.audit import AuditLog
+    from remediator.contracts import Change
     from remediator.dispatch import Dispatcher
     from remediator.executor import Executor
     from remediator.natsd import EmbeddedNats
@@ -86,7 +87,7 @@ async def _one_run(nodes: int, failing: int, *, breaker: bool, progress: Progres
     lock = threading.Lock()
 
     class TimedKube(KubeAdapter):
-        def cordon(self, node: str) -> KubeChange:
+        def cordon(self, node: str) -> Change:
             change = super().cordon(node)
             if change.changed:
                 with lock:

@@ -24,8 +24,8 @@ from chaos.sim.cluster import ClusterState, seed_cluster
 from chaos.sim.kube_api import KubeApiServer
 from playbooks.catalog import PlaybookCatalog
 from remediator import bus
-from remediator.adapters.kube import KubeAdapter
 from remediator.adapters.agent import AgentClient
+from remediator.adapters.kube import KubeAdapter
 from remediator.audit import AuditLog, iter_records
 from remediator.contracts import AgentCommand, AgentReply, AuditRecord, Decision, GpuRef
 from remediator.executor import Executor

@@ -11,8 +11,8 @@ import signal
 
 from playbooks.catalog import PlaybookCatalog
 from remediator import bus
-from remediator.adapters.kube import KubeAdapter
 from remediator.adapters.agent import AgentClient
+from remediator.adapters.kube import KubeAdapter
 from remediator.audit import AuditLog
 from remediator.executor import Executor
 from remediator.settings import Settings

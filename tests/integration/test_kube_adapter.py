@@ -30,12 +30,12 @@ from remediator.adapters.kube import (
     RESTART_POD_UIDS_ANNOTATION,
     RESTARTED_AT_ANNOTATION,
     DrainTimeout,
-    JobRef,
     KubeAdapter,
     KubePermanentError,
     KubeTemporaryError,
     NotFound,
 )
+from remediator.contracts import JobRef
 from remediator.settings import Settings
 
 TAINT_KEY = "gpu-remediator/quarantine"

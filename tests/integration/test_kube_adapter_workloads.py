@@ -21,9 +21,9 @@ from chaos.sim import ClusterState, KubeApiServer, seed_cluster
 from remediator.adapters.kube import (
     RESTART_ID_ANNOTATION,
     DrainTimeout,
-    JobRef,
     KubeAdapter,
 )
+from remediator.contracts import JobRef
 
 NS = "serving"
 
