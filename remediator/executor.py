@@ -1,25 +1,26 @@
 """The executor: runs each decision's playbook behind the safety rails, crash-safe and audited.
 
 Where it sits: after dispatch. ``on_message`` handles the deliveries of REMEDIATIONS (durable pull consumer
-``executor``, subscribed on faststream by ``remediator.consumers``; explicit ack through ``bus.settle``) and,
-per decision:
+``executor``, subscribed on faststream by ``remediator.consumers``; explicit ack through ``bus.settle``) and
+continues the W3C trace of the message's ``traceparent`` header (a span for the run, one per step). Every
+audit record of a run is written through the incident's binding (``AuditContext.of_decision``), so each
+carries the incident, node, GPU, event id, job, alert fingerprint and trace id. Per decision, in order:
 
-1. reads the run record ``run.<incident>`` (KV ``remediator-state``); a finished run is acked again;
-2. takes the node lock (KV ``remediator-locks`` ``node.<node>``, create-if-absent, renewed while running,
-   released at the end), so two replicas never run playbooks on one node;
-3. gathers a ``SafetySnapshot`` and evaluates the guards (``remediator.safety``); each verdict is audited;
-   a passing verdict's bookkeeping (budget reservation, breaker count) is committed by compare-and-set on
-   the ledger ``safety.ledger``, re-evaluating when another replica won the race;
-4. runs the playbook's steps (``playbooks.steps``), persisting each step's record in the run record by
-   compare-and-set before and after it runs: a replica killed mid-step is resumed (after the lock TTL and
-   the message's redelivery) by whichever replica gets the message next, which re-runs only the step that
-   was running (steps are idempotent) and never one that completed;
-5. notices a person's override (our taint or cordon removed while the run is open) and stops;
-6. audits ``playbook_finished``, closes the incident in the node's history and releases the lock.
+1. **lock**: ``safety.lock`` (KV ``remediator-locks`` ``node.<node>``, renewed while running, released at
+   the end), so two replicas never run playbooks on one node; a refusal is an audited ``lock`` verdict and
+   the message is retried later;
+2. **guards**: ``safety.gate`` evaluates the guards over a snapshot and commits their bookkeeping to the
+   ledger by compare-and-set; every verdict is audited;
+3. **steps**: the playbook's ladder (``remediator.run.next_step``) over the step library
+   (``playbooks.steps``), each step's record persisted in ``run.<incident>`` by compare-and-set before and
+   after it runs: a replica killed mid-step is resumed (after the lock TTL and the message's redelivery) by
+   whichever replica gets the message next, which re-runs only the step that was running (steps are
+   idempotent) and never one that completed; a person's override (our taint or cordon removed) stops it;
+4. **finish**: the reservation settled, ``playbook_finished`` audited, the incident closed in its history.
 
 Outcomes map to the message: a finished run (whatever its outcome) acks; waiting for a lock or an approval,
-a temporary Kubernetes or agent failure nak with a delay (the run record keeps the progress); a decision
-naming no known playbook goes to the dead letter.
+a temporary Kubernetes or agent failure, a lost compare-and-set nak with a delay (the run record keeps the
+progress); a decision naming no known playbook goes to the dead letter.
 """
 
 from __future__ import annotations
@@ -27,29 +28,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
-from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
 from playbooks.catalog import PlaybookCatalog
-from playbooks.schema import REPAIR_RUNGS, Playbook, StepSpec
+from playbooks.schema import Playbook, StepSpec
 from playbooks.steps import (
     REGISTRY,
     AgentOps,
-    AuditOps,
     KubeOps,
     StepContext,
     StepFailed,
@@ -60,232 +57,73 @@ from playbooks.steps import (
 from remediator import consumers, safety
 from remediator.adapters.agent import AgentUnavailable
 from remediator.adapters.kube import DrainTimeout, KubePermanentError, KubeTemporaryError, NotFound
-from remediator.bus import PermanentError, TemporaryError, dead_letter_publisher, settle
-from remediator.contracts import Decision, StepRecord, utcnow
-from remediator.safety import Attempt, BreakerState, GuardVerdict, PoolUsage, SafetyPolicy, SafetySnapshot
+from remediator.audit import AuditContext, AuditLog, IncidentAudit
+from remediator.bus import dead_letter_publisher, settle
+from remediator.contracts import AuditRecord, AuditWhat, Decision, StepRecord, utcnow
+from remediator.errors import PermanentError, RemediatorError, TemporaryError
+from remediator.kv import json_documents
+from remediator.run import RunLog, RunRecord, RunResult, StepAction, StoredRun, next_step
+from remediator.safety import (
+    Facts,
+    Gate,
+    GateResult,
+    GuardVerdict,
+    Lease,
+    Ledger,
+    LockHeld,
+    LockLost,
+    NodeLocks,
+    SafetyPolicy,
+    SafetySnapshot,
+)
 from remediator.settings import Settings
 from remediator.state import StateStore
 from remediator.subjects import (
+    CLUSTER_TOKEN,
+    LEDGER_KEY,
     LOCKS_BUCKET,
     STATE_BUCKET,
+    approval_key,
+    attempts_key,
     node_from_token,
     node_key,
-    node_token,
+    run_key,
 )
+from remediator.telemetry import span, trace_id_of, tracer
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LEDGER_KEY", "Executor", "RunResult", "StepAction", "approval_key", "attempts_key", "run_key"]
+__all__ = ["LEDGER_KEY", "Executor", "Ledger", "LockLost", "RunRecord", "RunResult", "StepAction",
+           "approval_key", "attempts_key", "next_step", "run_key"]
 
-LEDGER_KEY = "safety.ledger"
 POOL_CACHE_S = 2.0  # how long a pool's node list serves the budget guard
-
-
-def run_key(incident: str) -> str:
-    return f"run.{incident}"
-
-
-def attempts_key(node: str) -> str:
-    return f"attempts.{node_token(node)}"
-
-
-def approval_key(incident: str) -> str:
-    return f"approval.{incident}"
-
-
-@dataclass(frozen=True)
-class StepAction:
-    """One line of a run's story: the step (its id), the library step, what happened."""
-
-    step: str
-    name: str
-    status: str
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """What a decision's run came to.
-
-    ``outcome``: ``completed`` (every step ran or was skipped by the ladder), ``escalated`` (handed to a
-    person: a step failed, or a guard said so), ``rolled-back``, ``dry-run`` (shadow: nothing touched),
-    ``blocked`` (opt-out, breaker), ``cancelled`` (a person's override), ``node-gone``.
-    ``actions`` lists the steps in the order they ran, with their status; ``verdicts`` the guard verdicts.
-    """
-
-    incident: str
-    node: str
-    playbook: str
-    outcome: str
-    actions: tuple[StepAction, ...] = ()
-    verdicts: tuple[GuardVerdict, ...] = ()
-    detail: str = ""
-
-    def done(self) -> list[str]:
-        """Names of the steps that succeeded, in order (what the demo prints as the actions)."""
-        return [a.name for a in self.actions if a.status == "succeeded"]
-
-
-# --- persisted progress ----------------------------------------------------------------------------
-
-
-@dataclass
-class RunRecord:
-    """The progress of one incident's run, stored under ``run.<incident>`` (compare-and-set)."""
-
-    incident: str
-    node: str
-    playbook: str
-    owner: str
-    status: str = "running"  # running | finished
-    outcome: str = ""
-    detail: str = ""
-    guards_passed: bool = False
-    shadow: bool = False
-    reserved: bool = False
-    verdicts: list[dict[str, Any]] = field(default_factory=list)
-    records: dict[str, StepRecord] = field(default_factory=dict)
-    order: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"incident": self.incident, "node": self.node, "playbook": self.playbook, "owner": self.owner,
-                "status": self.status, "outcome": self.outcome, "detail": self.detail,
-                "guards_passed": self.guards_passed, "shadow": self.shadow, "reserved": self.reserved,
-                "verdicts": self.verdicts, "order": self.order,
-                "records": {k: r.model_dump(mode="json") for k, r in self.records.items()}}
-
-    @staticmethod
-    def from_json(d: Mapping[str, Any]) -> RunRecord:
-        return RunRecord(d["incident"], d["node"], d["playbook"], d.get("owner", ""), d.get("status", "running"),
-                         d.get("outcome", ""), d.get("detail", ""), bool(d.get("guards_passed")),
-                         bool(d.get("shadow")), bool(d.get("reserved")), list(d.get("verdicts", [])),
-                         {k: StepRecord.model_validate(v) for k, v in d.get("records", {}).items()},
-                         list(d.get("order", [])))
-
-    def put(self, key: str, rec: StepRecord) -> None:
-        if key not in self.records:
-            self.order.append(key)
-        self.records[key] = rec
-
-    def result(self) -> RunResult:
-        actions = tuple(StepAction(k, self.records[k].name, self.records[k].status, self.records[k].detail)
-                        for k in self.order)
-        verdicts = tuple(GuardVerdict(v["guard"], v["allowed"], v["reason"], v.get("effect", "proceed"))
-                         for v in self.verdicts)
-        return RunResult(self.incident, self.node, self.playbook, self.outcome or self.status, actions, verdicts,
-                         self.detail)
-
-
-class LockLost(TemporaryError):
-    """The node lock expired or was taken while the run was going on: stop and let redelivery resume."""
 
 
 class _Cancelled(Exception):
     """A person overrode our workflow on the node (removed our taint or cordon)."""
 
 
-# --- the plan: which step is next -------------------------------------------------------------------
+class _StepAudit:
+    """The audit log as the step library calls it (``playbooks.steps.AuditOps``), every record through the
+    incident's binding: the step's own fields never replace what the binding knows."""
 
+    def __init__(self, bound: IncidentAudit) -> None:
+        self.bound = bound
 
-@dataclass(frozen=True)
-class Next:
-    """What the run does next: run ``spec``, or skip it with ``skip_reason``, or stop (``spec`` None)."""
-
-    spec: StepSpec | None
-    skip_reason: str = ""
-    stop: str = ""  # "escalate" | "rollback" | "finish" when the run ends here
-
-
-def next_step(pb: Playbook, records: Mapping[str, StepRecord]) -> Next:
-    """The next step of ``pb`` given the step records so far: a pure function of the ladder semantics
-    (playbooks.schema): repair rungs are fallbacks of each other; ``next-rung`` abandons a rung;
-    ``on_success: finish`` ends the run; ``escalate``/``rollback`` failures stop it."""
-    failed_rungs: set[str] = set()
-    healed_by: str | None = None
-    rungs_done: dict[str, bool] = {}
-    for s in pb.steps:
-        rec = records.get(s.key)
-        if rec is None or rec.status in ("pending", "running"):
-            if s.rung in failed_rungs:
-                return Next(s, skip_reason=f"rung {s.rung} abandoned after a failed step")
-            if s.rung in REPAIR_RUNGS and healed_by is not None and healed_by != s.rung:
-                return Next(s, skip_reason=f"rung {healed_by} already healed the fault")
-            return Next(s)
-        if rec.status == "failed":
-            if s.on_failure == "next-rung":
-                assert s.rung is not None
-                failed_rungs.add(s.rung)
-                rungs_done[s.rung] = False
-                continue
-            if s.on_failure in ("escalate", "rollback"):
-                return Next(None, stop=s.on_failure)
-            continue  # continue
-        if rec.status == "succeeded" and s.on_success == "finish":
-            return Next(None, stop="finish")
-        if s.rung in REPAIR_RUNGS and rec.status == "succeeded" and s.rung not in failed_rungs:
-            # a repair rung whose steps all succeeded heals; remember it once its last step is through
-            last_of_rung = [x for x in pb.steps if x.rung == s.rung][-1]
-            if last_of_rung.key == s.key and s.rung != "replace":
-                healed_by = s.rung
-    repair = [r for r in dict.fromkeys(x.rung for x in pb.steps) if r in REPAIR_RUNGS]
-    if repair and healed_by is None and all(r in failed_rungs for r in repair):
-        return Next(None, stop="escalate")
-    return Next(None)
-
-
-# --- the ledger: budget reservations and the breaker, in one CAS'd key --------------------------------
-
-
-@dataclass(frozen=True)
-class Ledger:
-    breaker: BreakerState = field(default_factory=BreakerState)
-    # node -> {"incident", "pool", "kind": "node"|"gpu", "gpus", "finished": bool, "at"}
-    reservations: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"breaker": self.breaker.to_json(), "reservations": {k: dict(v) for k, v in self.reservations.items()}}
-
-    @staticmethod
-    def from_json(d: Mapping[str, Any]) -> Ledger:
-        return Ledger(BreakerState.from_json(d.get("breaker", {})), dict(d.get("reservations", {})))
-
-
-def _reservation_key(decision: Decision) -> str:
-    return f"{decision.node}|{decision.gpu.key if decision.gpu else ''}"
-
-
-class KvDoc:
-    """A JSON document in KV with its revision; writes are compare-and-set."""
-
-    def __init__(self, kv: KeyValue, key: str) -> None:
-        self.kv = kv
-        self.key = key
-
-    async def get(self) -> tuple[dict[str, Any] | None, int]:
-        try:
-            entry = await self.kv.get(self.key)
-        except (KeyNotFoundError, KeyDeletedError):
-            return None, 0
-        if not entry.value:
-            return None, int(entry.revision or 0)
-        return json.loads(entry.value), int(entry.revision or 0)
-
-    async def put(self, doc: Mapping[str, Any], revision: int) -> int:
-        """Write ``doc`` if the key is still at ``revision`` (0: absent); raises KeyWrongLastSequenceError."""
-        data = json.dumps(doc, separators=(",", ":"), default=str).encode()
-        if revision == 0:
-            return int(await self.kv.create(self.key, data))
-        return int(await self.kv.update(self.key, data, last=revision))
-
-
-# --- the executor ----------------------------------------------------------------------------------
+    async def append(self, node: str | None, what: AuditWhat, why: str = "", *, incident: str | None = None,
+                     gpu: str | None = None, before: dict[str, Any] | None = None,
+                     after: dict[str, Any] | None = None, event_id: str | None = None, job: str | None = None,
+                     fingerprint: str | None = None, trace_id: str | None = None) -> AuditRecord:
+        c = self.bound.context
+        target = self.bound if node in (None, c.node) else self.bound.log.bind(replace(c, node=node))
+        return await target.append(what, why, before=before, after=after)
 
 
 class Executor:
     """Runs decisions' playbooks; ``execute`` one decision, ``on_message`` one delivery, ``run`` consumes until
     stopped."""
 
-    def __init__(self, nc: NATS, js: JetStreamContext, settings: Settings, kube: KubeOps, audit: AuditOps,
+    def __init__(self, nc: NATS, js: JetStreamContext, settings: Settings, kube: KubeOps, audit: AuditLog,
                  playbooks: PlaybookCatalog, agents: AgentOps, clock: Callable[[], datetime] = utcnow, *,
                  steps: StepRegistry = REGISTRY, actor: str | None = None,
                  sleep: Callable[[float], Awaitable[None]] | None = None,
@@ -306,18 +144,19 @@ class Executor:
         self._pool = ThreadPoolExecutor(max_workers=settings.executor_concurrency + 4,
                                         thread_name_prefix="executor-kube")
         self._state_kv: KeyValue | None = None
-        self._locks_kv: KeyValue | None = None
+        self._rails: tuple[NodeLocks, Gate, RunLog] | None = None
         self._pool_cache: dict[str, tuple[float, list[dict[str, Any]]]] = {}
         self._pool_locks: dict[str, asyncio.Lock] = {}
         self.results: list[RunResult] = []
 
     # --- plumbing ---------------------------------------------------------------------------------
 
-    async def _kvs(self) -> tuple[KeyValue, KeyValue]:
-        if self._state_kv is None or self._locks_kv is None:
+    async def _kv(self) -> tuple[NodeLocks, Gate, RunLog]:
+        if self._rails is None:
             self._state_kv = await self._js.key_value(STATE_BUCKET)
-            self._locks_kv = await self._js.key_value(LOCKS_BUCKET)
-        return self._state_kv, self._locks_kv
+            locks = NodeLocks(await self._js.key_value(LOCKS_BUCKET), self.clock)
+            self._rails = (locks, Gate(self._state_kv), RunLog(self._state_kv))
+        return self._rails
 
     async def _sync(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         loop = asyncio.get_running_loop()
@@ -334,119 +173,102 @@ class Executor:
             breaker_threshold=s.breaker_threshold, breaker_window_s=s.breaker_window_s,
             lock_retry_s=max(s.nak_delay_s, 5.0))
 
-    async def _audit(self, d: Decision, what: Any, why: str, **kw: Any) -> None:
-        await self.audit.append(d.node, what, why, incident=d.incident_id, gpu=d.gpu.key if d.gpu else None,
-                                event_id=d.event_id, job=d.job, **kw)
+    def _context(self, d: Decision, pb: Playbook, audit: IncidentAudit) -> StepContext:
+        return StepContext(decision=d, playbook=pb, kube=self.kube, agents=self.agents, settings=self.settings,
+                           clock=self.clock, audit=_StepAudit(audit), sleep=self._sleep, http=self._http,
+                           run_sync=self._sync)
 
-    # --- the node lock ----------------------------------------------------------------------------
+    @staticmethod
+    async def _verdict(audit: IncidentAudit, v: GuardVerdict, **extra: Any) -> None:
+        await audit.append("guard_verdict", f"{v.name}: {v.reason}", after={**v.to_json(), **extra})
 
-    async def _acquire(self, d: Decision, me: str, msg: Msg | None) -> int:
-        """Take ``node.<node>`` in the locks bucket, waiting up to ``lock_wait_s``; returns its revision."""
-        _, locks = await self._kvs()
-        key = node_key(d.node)
-        body = json.dumps({"owner": me, "incident": d.incident_id, "at": self.clock().isoformat()}).encode()
-        waited = 0.0
-        holder = "?"
-        while True:
-            try:
-                return int(await locks.create(key, body))
-            except KeyWrongLastSequenceError:
-                pass
-            try:
-                entry = await locks.get(key)
-                holder = json.loads(entry.value or b"{}").get("owner", "?")
-            except (KeyNotFoundError, KeyDeletedError):
-                continue
-            if waited >= self.settings.lock_wait_s:
-                raise TemporaryError(f"{d.node} is locked by {holder}", delay=max(self.settings.nak_delay_s, 5.0))
-            if msg is not None:
-                with contextlib.suppress(Exception):
-                    await msg.in_progress()
-            await asyncio.sleep(0.5)
-            waited += 0.5
-
-    async def _release(self, d: Decision, revision: int) -> None:
-        _, locks = await self._kvs()
-        with contextlib.suppress(KeyWrongLastSequenceError, KeyNotFoundError, nats.errors.Error):
-            await locks.delete(node_key(d.node), last=revision)
-
-    async def _keep_lock(self, d: Decision, me: str, rev: list[int], lost: asyncio.Event, msg: Msg | None) -> None:
-        """Renew the lock (and the message's ack deadline) until cancelled; sets ``lost`` if it was taken."""
-        _, locks = await self._kvs()
-        body = json.dumps({"owner": me, "incident": d.incident_id}).encode()
-        every = max(1.0, min(self.settings.lock_ttl_s / 3.0, 10.0))
-        while True:
-            await asyncio.sleep(every)
-            try:
-                rev[0] = int(await locks.update(node_key(d.node), body, last=rev[0]))
-            except KeyWrongLastSequenceError:
-                lost.set()
-                return
-            except nats.errors.Error as e:
-                log.warning("renewing the lock of %s failed: %s", d.node, e)
-            if msg is not None:
-                with contextlib.suppress(Exception):
-                    await msg.in_progress()
-
-    # --- one decision -----------------------------------------------------------------------------
+    # --- one decision: lock -> guards -> steps -> finish ------------------------------------------
 
     async def execute(self, decision: Decision, msg: Msg | None = None) -> RunResult:
-        """Run ``decision`` to an outcome and return it; raises ``TemporaryError`` when it must be retried
-        later (lock held elsewhere, approval pending, Kubernetes or the agent unavailable) and
-        ``PermanentError`` when it can never run (unknown playbook)."""
-        state_kv, _ = await self._kvs()
-        runs = KvDoc(state_kv, run_key(decision.incident_id))
-        doc, _rev = await runs.get()
-        if doc is not None and doc.get("status") == "finished":
-            return RunRecord.from_json(doc).result()
-        if decision.playbook not in self.playbooks:
-            raise PermanentError(f"no playbook named {decision.playbook!r}")
-        pb = self.playbooks.get(decision.playbook)
-        me = f"{self.actor}|{decision.incident_id}|{uuid.uuid4().hex[:8]}"
-        lock_rev = [await self._acquire(decision, me, msg)]
-        lost = asyncio.Event()
-        keeper = asyncio.create_task(self._keep_lock(decision, me, lock_rev, lost, msg))
+        """Run ``decision`` to an outcome and return it, in a span that continues the trace of ``msg``'s
+        headers; raises ``TemporaryError`` when it must be retried later (lock held elsewhere, approval
+        pending, Kubernetes or the agent unavailable, a lost compare-and-set) and ``PermanentError`` when it
+        can never run (unknown playbook)."""
+        with span("executor.run", msg.headers if msg is not None else None) as sp:
+            sp.set_attributes({"remediator.incident": decision.incident_id, "remediator.node": decision.node,
+                               "remediator.playbook": decision.playbook})
+            audit = self.audit.bind(AuditContext.of_decision(decision, trace_id_of(sp)))
+            result = await self._execute(decision, msg, audit)
+            sp.set_attribute("remediator.outcome", result.outcome)
+        self.results.append(result)
+        return result
+
+    async def _execute(self, d: Decision, msg: Msg | None, audit: IncidentAudit) -> RunResult:
+        locks, _gate, runs = await self._kv()
+        run, _rev = await runs.get(d.incident_id)
+        if run is not None and run.finished:
+            return run.result()
+        if d.playbook not in self.playbooks:
+            raise PermanentError(f"no playbook named {d.playbook!r}")
+        pb = self.playbooks.get(d.playbook)
+        me = f"{self.actor}|{d.incident_id}|{uuid.uuid4().hex[:8]}"
+
+        async def heartbeat() -> None:
+            if msg is not None:
+                with contextlib.suppress(Exception):
+                    await msg.in_progress()
+
+        lease = await self._take_lock(d, me, audit, heartbeat)
+        every = max(1.0, min(self.settings.lock_ttl_s / 3.0, 10.0))
+        keeper = asyncio.create_task(locks.keep(lease, every, heartbeat))
         try:
-            result = await self._run_locked(decision, pb, me, runs, lost)
+            return await self._run_locked(d, pb, lease, runs, audit)
         except (KubeTemporaryError, AgentUnavailable) as e:  # outside a step: the guards' reads, escalation
             raise TemporaryError(str(e), delay=getattr(e, "retry_after", None) or self.settings.nak_delay_s) from e
         finally:
             keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await keeper
-            await self._release(decision, lock_rev[0])
-        self.results.append(result)
-        return result
+            await locks.release(lease)
 
-    async def _run_locked(self, d: Decision, pb: Playbook, me: str, runs: KvDoc, lost: asyncio.Event) -> RunResult:
-        doc, rev = await runs.get()  # re-read under the lock: another replica may have finished meanwhile
-        if doc is not None and doc.get("status") == "finished":
-            return RunRecord.from_json(doc).result()
-        resumed = doc is not None
-        run = RunRecord.from_json(doc) if doc else RunRecord(d.incident_id, d.node, pb.name, me)
-        run.owner = me
-        await self._audit(d, "decision", ("resuming" if resumed else "received") + f" by {self.actor}: playbook "
-                          f"{pb.name}" + (f", {len(run.order)} steps recorded" if resumed else ""),
-                          after={"playbook": pb.name, "resumed": resumed})
-        rev = await runs.put(run.to_json(), rev)
+    async def _take_lock(self, d: Decision, me: str, audit: IncidentAudit,
+                         heartbeat: Callable[[], Awaitable[None]]) -> Lease:
+        """The node lock, waiting up to ``lock_wait_s``; a refusal is audited as the ``lock`` guard's verdict
+        over the real holder, and re-raised (``LockHeld``: retried after the guard's delay)."""
+        locks, _, _ = await self._kv()
+        policy = self.policy()
+        try:
+            return await locks.take(d.node, me, d.incident_id, wait_s=self.settings.lock_wait_s,
+                                    retry_s=policy.lock_retry_s, heartbeat=heartbeat)
+        except LockHeld as held:
+            snap = SafetySnapshot(policy=policy, lock_holder=held.holder, me=me)
+            v = safety.evaluate(d, snap, self.clock(), only=frozenset({"lock"}))[0]
+            await self._verdict(audit, v, holder=held.holder)
+            raise
+
+    async def _run_locked(self, d: Decision, pb: Playbook, lease: Lease, runs: RunLog,
+                          audit: IncidentAudit) -> RunResult:
+        run, rev = await runs.get(d.incident_id)  # re-read under the lock: another replica may have finished
+        if run is not None and run.finished:
+            return run.result()
+        resumed = run is not None
+        stored = StoredRun(runs, run or RunRecord(d.incident_id, d.node, pb.name, lease.owner), rev)
+        run = stored.run
+        run.owner = lease.owner
+        await audit.append("decision", ("resuming" if resumed else "received") + f" by {self.actor}: playbook "
+                           f"{pb.name}" + (f", {len(run.order)} steps recorded" if resumed else ""),
+                           after={"playbook": pb.name, "resumed": resumed})
+        await stored.save()
+        ctx = self._context(d, pb, audit)
 
         if not run.guards_passed:
-            gate = await self._guards(d, pb, run, me)
-            run.verdicts = [v.to_json() for v in gate]
-            run.shadow = safety.shadow(gate)
-            stop = safety.blocking(gate)
-            if stop is not None:
-                return await self._stopped_by_guard(d, pb, run, runs, rev, stop)
+            gate = await self._guards(d, pb, lease, audit)
+            run.verdicts = [v.to_json() for v in gate.verdicts]
+            run.shadow, run.reserved = gate.shadow, gate.reserved
+            if gate.stop is not None:
+                return await self._stopped_by_guard(ctx, stored, gate.stop, audit)
             run.guards_passed = True
-            rev = await runs.put(run.to_json(), rev)
+            await stored.save()
 
-        ctx = StepContext(decision=d, playbook=pb, kube=self.kube, agents=self.agents, settings=self.settings,
-                          clock=self.clock, audit=self.audit, sleep=self._sleep, http=self._http,
-                          run_sync=self._sync)
         outcome, detail = "completed", ""
         try:
             while True:
-                if lost.is_set():
+                if lease.lost.is_set():
                     raise LockLost(f"lost the lock of {d.node}")
                 nxt = next_step(pb, run.records)
                 if nxt.spec is None:
@@ -454,52 +276,53 @@ class Executor:
                         failed = [run.records[k] for k in run.order if run.records[k].status == "failed"]
                         why = failed[-1].detail if failed else "no rung of the ladder healed the fault"
                         if nxt.stop == "rollback" and not run.shadow:
-                            rev = await self._rollback(ctx, pb, run, runs, rev)
+                            await self._rollback(ctx, stored)
                             outcome = "rolled-back"
-                        rev = await self._escalate(ctx, run, runs, rev, f"{pb.name} failed: {why}")
+                        await self._escalate(ctx, stored, f"{pb.name} failed: {why}")
                         outcome = outcome if outcome == "rolled-back" else "escalated"
                         detail = why
                     break
                 spec = nxt.spec
                 if nxt.skip_reason or run.shadow:
                     why = nxt.skip_reason or f"dry-run: would run {spec.name} {spec.params or ''}".strip()
-                    rec = StepRecord(name=spec.name, status="skipped", params=dict(spec.params), detail=why,
-                                     started_at=self.clock(), finished_at=self.clock())
-                    run.put(spec.key, rec)
-                    rev = await runs.put(run.to_json(), rev)
-                    await self._audit(d, "step_skipped", f"{spec.key}: {why}", after={"step": spec.key})
+                    run.put(spec.key, StepRecord(name=spec.name, status="skipped", params=dict(spec.params),
+                                                 detail=why, started_at=self.clock(), finished_at=self.clock()))
+                    await stored.save()
+                    await audit.append("step_skipped", f"{spec.key}: {why}", after={"step": spec.key})
                     continue
                 if not run.shadow:
                     reason = await self._overridden(ctx, run)
                     if reason:
                         raise _Cancelled(reason)
                 if spec.requires_approval:
-                    await self._await_approval(d, spec)
-                rev = await self._run_step(ctx, spec, run, runs, rev)
+                    await self._await_approval(d, spec, audit)
+                await self._run_step(ctx, spec, stored)
             if run.shadow:
                 outcome = "dry-run"
         except _Cancelled as c:
             outcome, detail = "cancelled", str(c)
-            await self._audit(d, "override", f"{c}: cancelling {pb.name} on {d.node}",
-                              after={"cancelled": True})
+            await audit.append("override", f"{c}: cancelling {pb.name} on {d.node}", after={"cancelled": True})
         if outcome == "completed" and any(r.name == "escalate" and r.status == "succeeded"
                                            for r in run.records.values()):
             outcome = "escalated"  # handed over to a person (gpu-lost, unknown-xid, the replace rung)
-        return await self._finish(d, pb, run, runs, rev, outcome, detail)
+        return await self._finish(d, pb, stored, outcome, detail, audit)
 
-    async def _finish(self, d: Decision, pb: Playbook, run: RunRecord, runs: KvDoc, rev: int, outcome: str,
-                      detail: str) -> RunResult:
+    async def _finish(self, d: Decision, pb: Playbook, stored: StoredRun, outcome: str, detail: str,
+                      audit: IncidentAudit) -> RunResult:
+        _, gate, _ = await self._kv()
+        run = stored.run
         run.status, run.outcome, run.detail = "finished", outcome, detail
         if run.reserved:
             returned = any(r.name == "return_to_service" and r.status == "succeeded" and r.after.get("returned")
                            for r in run.records.values())
-            await self._settle_reservation(d, released=returned or outcome in ("cancelled", "dry-run"))
-        await self._audit(d, "playbook_finished", f"{pb.name}: {outcome}" + (f" ({detail})" if detail else ""),
-                          after={"outcome": outcome, "steps": [f"{k}:{run.records[k].status}" for k in run.order]})
-        await runs.put(run.to_json(), rev)
+            await gate.ledger.settle(d, released=returned or outcome in ("cancelled", "dry-run"))
+        await audit.append("playbook_finished", f"{pb.name}: {outcome}" + (f" ({detail})" if detail else ""),
+                           after={"outcome": outcome, "steps": [f"{k}:{run.records[k].status}" for k in run.order]})
+        await stored.save()
         # NCCL incidents live in their job's history, not the node's (handlers.nccl.history_key).
-        history = d.labels.get("history_key") or node_key(d.node)
-        await StateStore(self._state_kv).close_incident(history, d.group)  # type: ignore[arg-type]
+        history = d.origin.history_key or d.labels.get("history_key") or node_key(d.node)
+        assert self._state_kv is not None
+        await StateStore(self._state_kv).close_incident(history, d.group)
         return run.result()
 
     # --- guards -----------------------------------------------------------------------------------
@@ -519,147 +342,58 @@ class Executor:
             self._pool_cache[pool] = (loop.time(), nodes)
             return nodes
 
-    async def _snapshot(self, d: Decision, pb: Playbook, me: str, node: Mapping[str, Any], ledger: Ledger,
-                        policy: SafetyPolicy) -> SafetySnapshot:
-        state_kv, _ = await self._kvs()
-        quarantine = quarantine_of(pb, self.steps)
-        attempts: tuple[Attempt, ...] = ()
-        if "cooldown" in policy.enabled:
-            doc, _ = await KvDoc(state_kv, attempts_key(d.node)).get()
-            attempts = tuple(Attempt.from_json(a) for a in (doc or {}).get("attempts", []))
-        usage: PoolUsage | None = None
-        if "budget" in policy.enabled and quarantine is not None:
-            pool = str(node.get("pool") or "default")
-            nodes = await self._pool_nodes(pool)
-            gpus_of = {str(n["name"]): int(n.get("gpus") or 0) for n in nodes}
-            out = {str(n["name"]) for n in nodes
-                   if n.get("unschedulable") or any(t.get("key") == self.settings.taint_key for t in n["taints"])}
-            reserved_nodes = {str(r["node"]) for r in ledger.reservations.values()
-                              if r.get("pool") == pool and r.get("kind") == "node"}
-            nodes_out = out | reserved_nodes
-            gpu_only = sum(1 for r in ledger.reservations.values()
-                           if r.get("pool") == pool and r.get("kind") == "gpu" and r["node"] not in nodes_out)
-            usage = PoolUsage(pool, len(nodes), sum(gpus_of.values()), frozenset(nodes_out),
-                              sum(gpus_of.get(n, 0) for n in nodes_out) + gpu_only, int(node.get("gpus") or 0))
-        return SafetySnapshot(policy=policy, node_labels=dict(node.get("labels") or {}), playbook_dry_run=pb.dry_run,
-                              quarantine=quarantine, attempts=attempts, lock_holder=me, me=me, pool=usage,
-                              breaker=ledger.breaker)
-
-    async def _guards(self, d: Decision, pb: Playbook, run: RunRecord, me: str) -> list[GuardVerdict]:
-        """Evaluate the guards and commit their bookkeeping by CAS; audits each verdict once."""
-        state_kv, _ = await self._kvs()
+    async def _guards(self, d: Decision, pb: Playbook, lease: Lease, audit: IncidentAudit) -> GateResult:
+        """Gather the facts, let the gate evaluate and commit, and audit each verdict once."""
+        _, gate, _ = await self._kv()
         policy = self.policy()
-        ledger_doc = KvDoc(state_kv, LEDGER_KEY)
         try:
             node = await self._sync(self.kube.get_node, d.node)
         except NotFound:
             node = None
         if node is None:
             v = GuardVerdict("opt_out", False, f"node {d.node} does not exist", "block")
-            await self._audit(d, "guard_verdict", f"opt_out: {v.reason}", after=v.to_json())
-            return [v]
-        uses_ledger = bool({"budget", "breaker"} & policy.enabled)
-        for _attempt in range(50):
-            raw, lrev = await ledger_doc.get() if uses_ledger else (None, 0)
-            ledger = Ledger.from_json(raw or {})
-            snap = await self._snapshot(d, pb, me, node, ledger, policy)
-            now = self.clock()
-            verdicts = safety.evaluate(d, snap, now, only=frozenset(safety.GUARD_NAMES) - {"approval"})
-            stop = safety.blocking(verdicts)
-            shadow = safety.shadow(verdicts)
-            new = ledger
-            if stop is not None and stop.effect == "trip":
-                new = replace(ledger, breaker=ledger.breaker.tripped(now, stop.reason))
-            elif stop is None and not shadow and snap.quarantine is not None:
-                res = dict(ledger.reservations)
-                if "budget" in policy.enabled and snap.pool is not None:
-                    res[_reservation_key(d)] = {"incident": d.incident_id, "node": d.node, "pool": snap.pool.pool,
-                                                "kind": snap.quarantine, "finished": False, "at": now.isoformat()}
-                b = ledger.breaker
-                if "breaker" in policy.enabled:
-                    b = b.with_quarantine(d.incident_id, now, policy.breaker_window_s)
-                new = Ledger(b, res)
-            if uses_ledger and new != ledger:
-                try:
-                    await ledger_doc.put(new.to_json(), lrev)
-                except KeyWrongLastSequenceError:
-                    continue  # another replica changed the ledger: re-read and re-decide
-            mine = new.reservations.get(_reservation_key(d))
-            run.reserved = mine is not None and mine.get("incident") == d.incident_id
-            break
-        else:
-            raise TemporaryError("the safety ledger kept changing under us", delay=1.0)
-        for v in verdicts:
-            await self._audit(d, "guard_verdict", f"{v.name}: {v.reason}", after=v.to_json())
-        if stop is not None and stop.effect == "trip":
-            await self.audit.append(None, "breaker_trip", stop.reason, incident=d.incident_id,
-                                    after=new.breaker.to_json())
-        if stop is None and not shadow and "cooldown" in policy.enabled:
-            await self._record_attempt(d, now)
-        return verdicts
+            await self._verdict(audit, v)
+            return GateResult((v,))
+        quarantine = quarantine_of(pb, self.steps)
+        attempts = await gate.attempts.recent(d.node) if "cooldown" in policy.enabled else ()
+        pool_nodes = None
+        if "budget" in policy.enabled and quarantine is not None:
+            pool_nodes = await self._pool_nodes(str(node.get("pool") or "default"))
+        facts = Facts(node=node, quarantine=quarantine, playbook_dry_run=pb.dry_run, me=lease.owner,
+                      lock_holder=None if lease.lost.is_set() else lease.owner, taint_key=self.settings.taint_key,
+                      attempts=attempts, pool_nodes=pool_nodes)
+        result = await gate.evaluate(d, policy, facts, self.clock())
+        for v in result.verdicts:
+            await self._verdict(audit, v)
+        if result.tripped is not None:
+            stop = result.stop
+            await audit.log.bind(replace(audit.context, node=CLUSTER_TOKEN)).append(
+                "breaker_trip", stop.reason if stop else "", after=result.tripped.to_json())
+        return result
 
-    async def _record_attempt(self, d: Decision, now: datetime) -> None:
-        state_kv, _ = await self._kvs()
-        doc = KvDoc(state_kv, attempts_key(d.node))
-        for _ in range(20):
-            raw, rev = await doc.get()
-            attempts = [Attempt.from_json(a) for a in (raw or {}).get("attempts", [])]
-            if any(a.incident == d.incident_id for a in attempts):
-                return
-            since = now.timestamp() - self.settings.attempt_window_s
-            kept = [a for a in attempts if a.at.timestamp() > since]
-            kept.append(Attempt(d.incident_id, d.node, d.gpu.key if d.gpu else "", now))
-            try:
-                await doc.put({"attempts": [a.to_json() for a in kept]}, rev)
-                return
-            except KeyWrongLastSequenceError:
-                continue
-
-    async def _settle_reservation(self, d: Decision, *, released: bool) -> None:
-        """At the end of a run: drop the reservation when capacity came back, else mark it finished (the
-        node or GPU stays out, and counts, until it is returned)."""
-        state_kv, _ = await self._kvs()
-        doc = KvDoc(state_kv, LEDGER_KEY)
-        key = _reservation_key(d)
-        for _ in range(50):
-            raw, rev = await doc.get()
-            ledger = Ledger.from_json(raw or {})
-            res = dict(ledger.reservations)
-            if key not in res or res[key].get("incident") != d.incident_id:
-                return
-            if released:
-                del res[key]
-            else:
-                res[key] = {**res[key], "finished": True}
-            try:
-                await doc.put(Ledger(ledger.breaker, res).to_json(), rev)
-                return
-            except KeyWrongLastSequenceError:
-                continue
-
-    async def _stopped_by_guard(self, d: Decision, pb: Playbook, run: RunRecord, runs: KvDoc, rev: int,
-                                stop: GuardVerdict) -> RunResult:
+    async def _stopped_by_guard(self, ctx: StepContext, stored: StoredRun, stop: GuardVerdict,
+                                audit: IncidentAudit) -> RunResult:
+        d, pb, why = ctx.decision, ctx.playbook, f"{stop.name}: {stop.reason}"
         if stop.effect in ("retry", "wait"):
-            await runs.put(run.to_json(), rev)
-            raise TemporaryError(f"{stop.name}: {stop.reason}", delay=stop.retry_after_s)
-        if stop.effect == "escalate" and not run.shadow:
-            ctx = StepContext(decision=d, playbook=pb, kube=self.kube, agents=self.agents, settings=self.settings,
-                              clock=self.clock, audit=self.audit, sleep=self._sleep, http=self._http,
-                              run_sync=self._sync)
-            rev = await self._escalate(ctx, run, runs, rev, f"{stop.name}: {stop.reason}")
-            return await self._finish(d, pb, run, runs, rev, "escalated", f"{stop.name}: {stop.reason}")
-        return await self._finish(d, pb, run, runs, rev, "blocked", f"{stop.name}: {stop.reason}")
+            await stored.save()
+            raise TemporaryError(why, delay=stop.retry_after_s)
+        if stop.effect == "escalate" and not stored.run.shadow:
+            await self._escalate(ctx, stored, why)
+            return await self._finish(d, pb, stored, "escalated", why, audit)
+        return await self._finish(d, pb, stored, "blocked", why, audit)
 
-    async def _await_approval(self, d: Decision, spec: StepSpec) -> None:
-        state_kv, _ = await self._kvs()
+    async def _await_approval(self, d: Decision, spec: StepSpec, audit: IncidentAudit) -> None:
+        await self._kv()
+        assert self._state_kv is not None
+        approvals = json_documents(self._state_kv)
         waited = 0.0
         while True:
-            raw, _ = await KvDoc(state_kv, approval_key(d.incident_id)).get()
+            approved = (await approvals.get(approval_key(d.incident_id))).value
             snap = SafetySnapshot(policy=self.policy(), approval_steps=(spec.key,),
-                                  approved_by=(raw or {}).get("by"))
+                                  approved_by=(approved or {}).get("by"))
             v = safety.evaluate(d, snap, self.clock(), only=frozenset({"approval"}))[0]
             if v.allowed or waited >= self.settings.approval_wait_s:
-                await self._audit(d, "guard_verdict", f"approval: {v.reason}", after={**v.to_json(), "step": spec.key})
+                await self._verdict(audit, v, step=spec.key)
                 if v.allowed:
                     return
                 raise TemporaryError(f"approval: {v.reason}", delay=max(self.settings.nak_delay_s, 5.0))
@@ -668,17 +402,23 @@ class Executor:
 
     # --- steps ------------------------------------------------------------------------------------
 
-    async def _run_step(self, ctx: StepContext, spec: StepSpec, run: RunRecord, runs: KvDoc, rev: int,
-                        key: str | None = None) -> int:
-        d = ctx.decision
+    async def _run_step(self, ctx: StepContext, spec: StepSpec, stored: StoredRun, key: str | None = None) -> None:
         key = key or spec.key
+        with tracer().start_as_current_span(f"step {key}") as sp:
+            sp.set_attributes({"remediator.step": key, "remediator.step.name": spec.name})
+            status = await self._step(ctx, spec, stored, key)
+            sp.set_attribute("remediator.step.status", status)
+
+    async def _step(self, ctx: StepContext, spec: StepSpec, stored: StoredRun, key: str) -> str:
+        """Run one step with its record persisted before and after; returns the status it ended with."""
+        run, audit = stored.run, ctx.audit
         prior = run.records.get(key)
         started = self.clock()
         run.put(key, StepRecord(name=spec.name, status="running", params=dict(spec.params), started_at=started,
                                 detail="resumed after an interrupted attempt" if prior else ""))
-        rev = await runs.put(run.to_json(), rev)
-        await self._audit(d, "step_started", f"{key}: {spec.name}" + (" (resumed)" if prior else ""),
-                          after={"step": key, "params": dict(spec.params), "timeout_s": spec.timeout_s})
+        await stored.save()
+        await audit.append(ctx.node, "step_started", f"{key}: {spec.name}" + (" (resumed)" if prior else ""),
+                           after={"step": key, "params": dict(spec.params), "timeout_s": spec.timeout_s})
         sctx = replace(ctx, records=dict(run.records), step_key=key, timeout_s=spec.timeout_s)
         fn = self.steps.get(spec.name).fn
         try:
@@ -695,26 +435,27 @@ class Executor:
             run.put(key, StepRecord(name=spec.name, status="failed", params=dict(spec.params), before=before,
                                     after=after, detail=detail[:2000], started_at=started,
                                     finished_at=self.clock()))
-            rev = await runs.put(run.to_json(), rev)
-            await self._audit(d, "step_failed", f"{key}: {detail}"[:4000], before=before, after=after)
-            return rev
+            await stored.save()
+            await audit.append(ctx.node, "step_failed", f"{key}: {detail}"[:4000], before=before, after=after)
+            return "failed"
         status = "skipped" if res.skipped else "succeeded"
         after = {**res.after, "changed_by_us": res.changed}
         run.put(key, StepRecord(name=spec.name, status=status, params=dict(spec.params), before=res.before,
                                 after=after, detail=res.detail[:2000], started_at=started, finished_at=self.clock()))
-        rev = await runs.put(run.to_json(), rev)
-        await self._audit(d, "step_skipped" if res.skipped else "step_succeeded", f"{key}: {res.detail}"[:4000],
-                          before=res.before, after=after)
-        return rev
+        await stored.save()
+        await audit.append(ctx.node, "step_skipped" if res.skipped else "step_succeeded",
+                           f"{key}: {res.detail}"[:4000], before=res.before, after=after)
+        return status
 
-    async def _escalate(self, ctx: StepContext, run: RunRecord, runs: KvDoc, rev: int, reason: str) -> int:
+    async def _escalate(self, ctx: StepContext, stored: StoredRun, reason: str) -> None:
         key = "escalate-on-failure"
-        if key in run.records and run.records[key].status == "succeeded":
-            return rev
+        if key in stored.run.records and stored.run.records[key].status == "succeeded":
+            return
         spec = StepSpec(name="escalate", id=key, params={"reason": reason}, timeout_s=60.0)
-        return await self._run_step(ctx, spec, run, runs, rev, key)
+        await self._run_step(ctx, spec, stored, key)
 
-    async def _rollback(self, ctx: StepContext, pb: Playbook, run: RunRecord, runs: KvDoc, rev: int) -> int:
+    async def _rollback(self, ctx: StepContext, stored: StoredRun) -> None:
+        run, pb = stored.run, ctx.playbook
         if pb.rollback:
             specs = list(pb.rollback)
         else:
@@ -728,8 +469,7 @@ class Executor:
             key = f"rollback-{spec.key}"
             if run.records.get(key) is not None and run.records[key].status == "succeeded":
                 continue
-            rev = await self._run_step(ctx, spec, run, runs, rev, key)
-        return rev
+            await self._run_step(ctx, spec, stored, key)
 
     async def _overridden(self, ctx: StepContext, run: RunRecord) -> str:
         """A person removed our taint or uncordoned the node while the run is open: the reason, else ''."""
@@ -751,7 +491,9 @@ class Executor:
 
     async def on_message(self, msg: Msg) -> None:
         """Execute one REMEDIATIONS delivery and settle it (``bus.settle``): the entry point of the
-        ``executor`` subscriber (``remediator.consumers``), which runs ``executor_concurrency`` at once."""
+        ``executor`` subscriber (``remediator.consumers``), which runs ``executor_concurrency`` at once.
+        Expected conditions (our errors: a held lock, a lost race, a pending approval) are logged by
+        ``settle`` in one line; only a bug gets a traceback."""
         error: BaseException | None = None
         try:
             try:
@@ -762,21 +504,29 @@ class Executor:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # mapped to ack/nak/term by settle, the one place that decides
-            if not isinstance(exc, TemporaryError):
+            if isinstance(exc, PermanentError):
+                log.warning("executing %s failed: %s", msg.subject, exc)
+            elif not isinstance(exc, RemediatorError):
                 log.warning("executing %s failed: %s", msg.subject, exc, exc_info=exc)
             error = exc
         await settle(msg, error, max_deliver=self.settings.max_deliver, nak_delay=self.settings.nak_delay_s,
                      dead_letter=self._dead_letter)
 
     async def _audit_dead_letter(self, msg: Msg, reason: str, subject: str) -> None:
-        node = node_from_token(msg.subject.rsplit(".", 1)[-1])
-        await self.audit.append(node, "dead_letter", reason, after={"subject": msg.subject, "moved_to": subject})
+        after = {"subject": msg.subject, "moved_to": subject}
+        try:
+            decision = Decision.model_validate_json(msg.data)
+        except ValidationError:
+            node = node_from_token(msg.subject.rsplit(".", 1)[-1])
+            await self.audit.append(node, "dead_letter", reason, after=after)
+            return
+        await self.audit.bind(AuditContext.of_decision(decision)).append("dead_letter", reason, after=after)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume REMEDIATIONS until ``stop`` is set, at most ``executor_concurrency`` decisions at once: the
         ``executor`` subscriber alone, on a faststream broker with its own connection to the servers of ``nc``
         (the service runs it on one broker with dispatch's)."""
-        await self._kvs()
+        await self._kv()
         broker = consumers.broker_like(self._nc, "executor")
         consumers.declare_executor(broker, self, concurrency=self.settings.executor_concurrency)
         await consumers.run_until(broker, self._js, (consumers.EXECUTOR,), stop)

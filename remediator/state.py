@@ -1,67 +1,65 @@
-"""Handler state in KV: a node's ``History`` under ``node.<node>``, written only by compare-and-set.
+"""Handler state in KV: a node's (or a job's) ``History`` under ``node.<node>`` / ``job.<ns>.<job>``, written
+only by compare-and-set.
 
 Where it sits: between dispatch (which reads the history, lets a handler decide, and writes the new
-history back) and the executor (which closes an incident when its playbook ends). Losing a CAS race means
-re-read and re-decide, never overwrite.
+history back) and the executor (which closes an incident when its playbook ends), over the one
+compare-and-set helper ``remediator.kv``. Losing a race means re-read and re-decide, never overwrite.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from handlers.base import History
-from remediator.errors import Conflict
+from remediator.kv import Documents, LostRace
 
 T = TypeVar("T")
 
 
-class StateConflict(Conflict):
+class StateConflict(LostRace):
     """Too many concurrent writers on one key; the message is redelivered and decided again."""
 
 
+def _decode(raw: dict[str, Any] | None) -> History:
+    return History.from_json(raw) if raw else History()
+
+
+def _encode(history: History) -> dict[str, Any]:
+    return history.to_json()
+
+
 class StateStore:
+    """The handler histories of the state bucket."""
+
     def __init__(self, kv: KeyValue, max_attempts: int = 25) -> None:
-        self._kv = kv
-        self._max_attempts = max_attempts
+        self._docs = Documents(kv, _decode, _encode, max_attempts=max_attempts)
 
     async def get(self, key: str) -> tuple[History, int]:
         """The history under ``key`` and its revision (0: no such key yet)."""
-        try:
-            entry = await self._kv.get(key)
-        except (KeyNotFoundError, KeyDeletedError):
-            return History(), 0
-        if not entry.value:
-            return History(), int(entry.revision or 0)
-        return History.from_json(json.loads(entry.value)), int(entry.revision or 0)
+        entry = await self._docs.get(key)
+        return entry.value, entry.revision
 
     async def compare_and_set(self, key: str, new: History, revision: int) -> bool:
         """Store ``new`` if ``key`` is still at ``revision`` (0: absent); False when another writer won."""
-        data = json.dumps(new.to_json(), separators=(",", ":")).encode()
         try:
-            if revision == 0:
-                await self._kv.create(key, data)
-            else:
-                await self._kv.update(key, data, last=revision)
-        except KeyWrongLastSequenceError:
+            await self._docs.put(key, new, revision)
+        except LostRace:
             return False
         return True
 
     async def update(self, key: str, fn: Callable[[History], tuple[History, T]]) -> T:
         """Apply ``fn`` to the current history and store its result by CAS, retrying on a lost race.
 
-        ``fn`` must be pure: it may run several times. Its second result is returned from the winning run.
+        ``fn`` must be pure: it may run several times. Its second result is returned from the winning run;
+        ``StateConflict`` after too many lost races in a row.
         """
-        for _attempt in range(self._max_attempts):
-            history, revision = await self.get(key)
-            new, result = fn(history)
-            if new == history or await self.compare_and_set(key, new, revision):
-                return result
-        raise StateConflict(f"{key}: compare-and-set lost {self._max_attempts} times in a row")
+        try:
+            return await self._docs.update(key, fn)
+        except LostRace as e:
+            raise StateConflict(str(e)) from e
 
     async def close_incident(self, key: str, group: str) -> None:
         """Forget the open incident of ``group``: its playbook has ended (done, failed or cancelled)."""

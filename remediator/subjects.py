@@ -5,6 +5,8 @@ Where it sits: used by every producer and consumer; nothing here talks to NATS.
 
 from __future__ import annotations
 
+import re
+
 FAULTS_STREAM = "FAULTS"
 REMEDIATIONS_STREAM = "REMEDIATIONS"
 AUDIT_STREAM = "AUDIT"
@@ -57,3 +59,38 @@ def node_key(node: str) -> str:
 
 def gpu_key(uuid: str) -> str:
     return f"gpu.{uuid}"
+
+
+# --- more keys of the state bucket (DESIGN.md §4) ----------------------------------------------------
+
+LEDGER_KEY = "safety.ledger"
+"""The safety ledger: budget reservations and the circuit breaker, one document shared by every replica."""
+
+_JOB_TOKEN_RE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def job_key(namespace: str, job: str) -> str:
+    """KV key of a training job's history (NCCL correlation across nodes): ``job.<namespace>.<job>``, each
+    part with every character outside ``[A-Za-z0-9_-]`` replaced by ``_`` (an empty namespace is
+    ``default``)."""
+    return f"job.{_JOB_TOKEN_RE.sub('_', namespace.strip() or 'default')}.{_JOB_TOKEN_RE.sub('_', job)}"
+
+
+def decision_key(incident: str) -> str:
+    """Where dispatch stores a decision before the history that records it: ``decision.<incident>``."""
+    return f"decision.{incident}"
+
+
+def run_key(incident: str) -> str:
+    """The executor's persisted progress of one incident's run: ``run.<incident>``."""
+    return f"run.{incident}"
+
+
+def attempts_key(node: str) -> str:
+    """Recent remediations of one node (cooldown and max attempts): ``attempts.<node>``."""
+    return f"attempts.{node_token(node)}"
+
+
+def approval_key(incident: str) -> str:
+    """A person's approval of an incident's gated steps: ``approval.<incident>``."""
+    return f"approval.{incident}"

@@ -2,8 +2,8 @@
 
 Where it sits: a leaf of the CLI, beside the executor. Both write the KV state every executor replica reads
 (the breaker in the safety ledger ``safety.ledger``, approvals under ``approval.<incident>`` in
-``remediator-state``) by compare-and-set, and both leave an audit record naming the person (``--actor``,
-default ``$USER``) and the reason. Every command takes ``--nats URL`` (``REMEDIATOR_NATS_URL``).
+``remediator-state``) by compare-and-set (``remediator.kv``), and both leave an audit record naming the
+person (``--actor``, default ``$USER``) and the reason. Every command takes ``--nats URL`` (``REMEDIATOR_NATS_URL``).
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ import sys
 from typing import Any
 
 import click
-from nats.js.errors import KeyWrongLastSequenceError
 
 from remediator import bus
 from remediator.audit import AuditLog
 from remediator.contracts import utcnow
-from remediator.executor import LEDGER_KEY, KvDoc, Ledger, approval_key, run_key
-from remediator.safety import BreakerState
-from remediator.subjects import STATE_BUCKET
+from remediator.kv import LostRace, json_documents
+from remediator.run import RunLog
+from remediator.safety import BreakerState, LedgerStore
+from remediator.subjects import STATE_BUCKET, approval_key
 
 _nats_option = click.option("--nats", "nats_url", envvar="REMEDIATOR_NATS_URL", required=True,
                             help="NATS server URL (env REMEDIATOR_NATS_URL).")
@@ -46,8 +46,7 @@ async def _state(url: str) -> tuple[Any, Any, Any]:
 async def breaker_status(url: str) -> dict[str, Any]:
     nc, _js, kv = await _state(url)
     try:
-        raw, _ = await KvDoc(kv, LEDGER_KEY).get()
-        ledger = Ledger.from_json(raw or {})
+        ledger = await LedgerStore(kv).read()
         b = ledger.breaker
         return {"open": b.open, "tripped_at": b.tripped_at.isoformat() if b.tripped_at else None,
                 "reason": b.reason, "recent_quarantines": len(b.quarantines),
@@ -60,18 +59,10 @@ async def breaker_reset(url: str, reason: str, actor: str) -> dict[str, Any]:
     """Close the breaker (its quarantine count starts over); reservations are kept. Audited."""
     nc, js, kv = await _state(url)
     try:
-        doc = KvDoc(kv, LEDGER_KEY)
-        for _ in range(50):
-            raw, rev = await doc.get()
-            ledger = Ledger.from_json(raw or {})
-            before = ledger.breaker
-            try:
-                await doc.put(Ledger(BreakerState(), ledger.reservations).to_json(), rev)
-                break
-            except KeyWrongLastSequenceError:
-                continue
-        else:
-            raise click.ClickException("the safety ledger kept changing; try again")
+        try:
+            before = await LedgerStore(kv).reset_breaker()
+        except LostRace as e:
+            raise click.ClickException("the safety ledger kept changing; try again") from e
         await AuditLog(js, actor).append(None, "breaker_reset", reason, before=before.to_json(),
                                          after=BreakerState().to_json())
         return {"open": False, "was_open": before.open, "reason": reason, "actor": actor}
@@ -83,18 +74,18 @@ async def approve_incident(url: str, incident: str, reason: str, actor: str) -> 
     """Record an approval of ``incident`` (idempotent: the first approval stands). Audited."""
     nc, js, kv = await _state(url)
     try:
-        run, _ = await KvDoc(kv, run_key(incident)).get()
-        doc = KvDoc(kv, approval_key(incident))
-        existing, rev = await doc.get()
-        if existing is not None:
-            return {**existing, "already": True}
-        body = {"incident": incident, "by": actor, "reason": reason, "at": utcnow().isoformat()}
+        run, _ = await RunLog(kv).get(incident)
+        approvals = json_documents(kv)
+        key = approval_key(incident)
+        existing = await approvals.get(key)
+        if existing.value is not None:
+            return {**existing.value, "already": True}
+        body: dict[str, Any] = {"incident": incident, "by": actor, "reason": reason, "at": utcnow().isoformat()}
         try:
-            await doc.put(body, rev)
-        except KeyWrongLastSequenceError:
-            existing, _ = await doc.get()
-            return {**(existing or {}), "already": True}
-        node = (run or {}).get("node")
+            await approvals.put(key, body, existing.revision)
+        except LostRace:
+            return {**((await approvals.get(key)).value or {}), "already": True}
+        node = run.node if run is not None else None
         await AuditLog(js, actor).append(node, "approval", reason or "approved", incident=incident, after=body)
         return {**body, "already": False}
     finally:

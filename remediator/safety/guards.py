@@ -1,11 +1,11 @@
-"""Safety rails: the named guards every decision passes before the executor touches anything.
+"""The guards: named, pure verdicts every decision passes before the executor touches anything.
 
-Where it sits: inside the executor, between receiving a ``Decision`` and running its playbook (DESIGN.md
-§7). The executor gathers a ``SafetySnapshot`` (node labels from Kubernetes, attempts, the lock, pool usage,
-the breaker, approvals from KV), calls ``evaluate``, writes each ``GuardVerdict`` to the audit trail, and
-commits the bookkeeping a passing verdict implies (a budget reservation, a breaker count) by
-compare-and-set, re-gathering and re-evaluating when it loses a race. A handler can propose; only this
-module says yes.
+Where it sits: the first module of ``remediator.safety``, called by the executor between receiving a
+``Decision`` and running its playbook (DESIGN.md §7). The executor takes the node lock
+(``safety.lock``), gathers a ``SafetySnapshot`` (node labels from Kubernetes, attempts from
+``safety.attempts``, the lock's holder, pool usage, the breaker and reservations from ``safety.ledger``,
+approvals from KV), and ``safety.gate`` calls ``evaluate`` and commits the bookkeeping a passing verdict
+implies by compare-and-set. Every verdict is audited. A handler can propose; only these guards say yes.
 
 Every guard is a pure function ``guard(decision, snapshot, now) -> GuardVerdict``; ``GUARDS`` lists them in
 the order they are evaluated, and evaluation stops at the first that does not allow the decision:
@@ -14,7 +14,8 @@ the order they are evaluated, and evaluation stops at the first that does not al
 2. ``dry_run``   global or per-playbook shadow mode: record what would happen, touch nothing.
 3. ``cooldown``  a recent remediation of the same target, or too many attempts per node/GPU in the window:
                  escalate to a person instead of trying again.
-4. ``lock``      another playbook holds the node: retry later.
+4. ``lock``      another run holds the node lock (``snapshot.lock_holder`` is not ``snapshot.me``): retry
+                 later. The executor evaluates it on its own, and audits it, when the lock is refused.
 5. ``budget``    the pool would have too many GPU nodes or GPUs out of service: escalate instead.
 6. ``breaker``   open, or this quarantine completes a burst that trips it: block until a person resets it.
 7. ``approval``  a step is marked ``requires_approval`` and nobody approved the incident yet: wait.
@@ -24,11 +25,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from remediator.contracts import OPT_OUT_LABEL, Decision
+from remediator.safety.attempts import Attempt
+from remediator.safety.ledger import BreakerState
 
 Effect = Literal["proceed", "shadow", "escalate", "retry", "block", "trip", "wait"]
 Quarantine = Literal["node", "gpu"] | None
@@ -52,23 +55,6 @@ class GuardVerdict:
 
 
 @dataclass(frozen=True)
-class Attempt:
-    """One earlier remediation: which incident, on which node and GPU (``""``: node-wide), when."""
-
-    incident: str
-    node: str
-    gpu: str
-    at: datetime
-
-    def to_json(self) -> dict[str, Any]:
-        return {"incident": self.incident, "node": self.node, "gpu": self.gpu, "at": self.at.isoformat()}
-
-    @staticmethod
-    def from_json(d: Mapping[str, Any]) -> Attempt:
-        return Attempt(str(d["incident"]), str(d["node"]), str(d.get("gpu", "")), datetime.fromisoformat(d["at"]))
-
-
-@dataclass(frozen=True)
 class PoolUsage:
     """Capacity of one node pool and what is out of service in it (GPU nodes only).
 
@@ -82,42 +68,6 @@ class PoolUsage:
     nodes_out: frozenset[str] = frozenset()
     gpus_out: int = 0
     node_gpus: int = 0  # GPUs of the decision's node
-
-
-@dataclass(frozen=True)
-class BreakerState:
-    """The circuit breaker, shared by all replicas through KV. ``quarantines``: (incident, time) pairs."""
-
-    open: bool = False
-    tripped_at: datetime | None = None
-    reason: str = ""
-    quarantines: tuple[tuple[str, datetime], ...] = ()
-
-    def recent(self, now: datetime, window_s: float, exclude: str = "") -> list[tuple[str, datetime]]:
-        since = now - timedelta(seconds=window_s)
-        return [(i, t) for i, t in self.quarantines if t > since and i != exclude]
-
-    def with_quarantine(self, incident: str, now: datetime, window_s: float) -> BreakerState:
-        if any(i == incident for i, _ in self.quarantines):
-            return self
-        kept = tuple(self.recent(now, window_s))
-        return replace(self, quarantines=(*kept, (incident, now)))
-
-    def tripped(self, now: datetime, reason: str) -> BreakerState:
-        return replace(self, open=True, tripped_at=now, reason=reason)
-
-    def reset(self) -> BreakerState:
-        return BreakerState()
-
-    def to_json(self) -> dict[str, Any]:
-        return {"open": self.open, "tripped_at": self.tripped_at.isoformat() if self.tripped_at else None,
-                "reason": self.reason, "quarantines": [[i, t.isoformat()] for i, t in self.quarantines]}
-
-    @staticmethod
-    def from_json(d: Mapping[str, Any]) -> BreakerState:
-        at = d.get("tripped_at")
-        return BreakerState(bool(d.get("open")), datetime.fromisoformat(at) if at else None, str(d.get("reason", "")),
-                            tuple((str(i), datetime.fromisoformat(t)) for i, t in d.get("quarantines", [])))
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,8 @@ from pathlib import Path
 
 from playbooks.catalog import PlaybookCatalog
 from remediator.contracts import OPT_OUT_LABEL
-from remediator.executor import LEDGER_KEY, run_key
 from remediator.natsd import EmbeddedNats
-from remediator.subjects import STATE_BUCKET, remediation_subject
+from remediator.subjects import LEDGER_KEY, STATE_BUCKET, remediation_subject, run_key
 
 from .executor_support import decision, rig
 

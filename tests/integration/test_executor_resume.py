@@ -19,9 +19,8 @@ from chaos.sim.kube_api import KubeApiServer
 from remediator import bus
 from remediator.audit import iter_records
 from remediator.bus import EXECUTOR_CONSUMER
-from remediator.executor import run_key
 from remediator.natsd import EmbeddedNats
-from remediator.subjects import REMEDIATIONS_STREAM, STATE_BUCKET, remediation_subject
+from remediator.subjects import REMEDIATIONS_STREAM, STATE_BUCKET, remediation_subject, run_key
 
 from .executor_support import decision, fast_settings
 

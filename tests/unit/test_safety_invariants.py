@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from playbooks.catalog import PlaybookCatalog
 from remediator import safety
 from remediator.contracts import Decision, GpuRef, StepRecord
-from remediator.executor import Ledger, next_step
-from remediator.safety import PoolUsage, SafetyPolicy, SafetySnapshot
+from remediator.run import next_step
+from remediator.safety import Ledger, PoolUsage, SafetyPolicy, SafetySnapshot
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 PB = PlaybookCatalog.load().get("gpu-lost")

@@ -1,0 +1,133 @@
+"""The gate: evaluate the guards over one snapshot and commit what they imply to the ledger, atomically.
+
+Where it sits: in ``remediator.safety``, between the executor (which holds the node lock and has read the
+node and the other facts) and the ledger. ``decide`` is pure: from the facts and one ledger it builds the
+``SafetySnapshot`` (pool usage counts the nodes Kubernetes shows out of service plus the ledger's
+reservations), runs ``guards.evaluate`` and returns the ledger as the verdicts leave it (a reservation and a
+quarantine count when the run goes ahead, a tripped breaker when it trips). ``Gate.evaluate`` runs ``decide``
+inside a compare-and-set update of the ledger, so a replica that lost the race re-decides on the ledger that
+won, and then records the attempt. Auditing the verdicts is the caller's (it knows the incident's binding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from nats.js.kv import KeyValue
+
+from remediator.contracts import Decision
+from remediator.safety.attempts import Attempt, AttemptLog
+from remediator.safety.guards import (
+    GUARD_NAMES,
+    GuardVerdict,
+    PoolUsage,
+    Quarantine,
+    SafetyPolicy,
+    SafetySnapshot,
+    blocking,
+    evaluate,
+    shadow,
+)
+from remediator.safety.ledger import BreakerState, Ledger, LedgerStore
+from remediator.subjects import LEDGER_KEY
+
+__all__ = ["Facts", "Gate", "GateResult", "decide"]
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the guards need besides the ledger, read once per evaluation by the executor.
+
+    ``node``: the node as the Kubernetes adapter returns it (``labels``, ``pool``, ``gpus``); ``pool_nodes``:
+    the GPU nodes of its pool (``name``, ``gpus``, ``unschedulable``, ``taints``), only when the budget
+    applies; ``lock_holder``: who holds the node lock now (``me`` when this run does).
+    """
+
+    node: Mapping[str, Any]
+    quarantine: Quarantine
+    playbook_dry_run: bool
+    me: str
+    lock_holder: str | None
+    taint_key: str
+    attempts: tuple[Attempt, ...] = ()
+    pool_nodes: Sequence[Mapping[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """The verdicts in order; whether the run holds a budget reservation; the breaker if it tripped."""
+
+    verdicts: tuple[GuardVerdict, ...]
+    reserved: bool = False
+    tripped: BreakerState | None = None
+
+    @property
+    def stop(self) -> GuardVerdict | None:
+        return blocking(list(self.verdicts))
+
+    @property
+    def shadow(self) -> bool:
+        return shadow(list(self.verdicts))
+
+
+def pool_usage(facts: Facts, ledger: Ledger) -> PoolUsage | None:
+    """The node's pool as the budget guard sees it: out of service by Kubernetes or reserved in the ledger."""
+    if facts.pool_nodes is None:
+        return None
+    pool = str(facts.node.get("pool") or "default")
+    gpus_of = {str(n["name"]): int(n.get("gpus") or 0) for n in facts.pool_nodes}
+    out = {str(n["name"]) for n in facts.pool_nodes
+           if n.get("unschedulable") or any(t.get("key") == facts.taint_key for t in n.get("taints") or [])}
+    reserved = {str(r["node"]) for r in ledger.reservations.values()
+                if r.get("pool") == pool and r.get("kind") == "node"}
+    nodes_out = out | reserved
+    gpu_only = sum(1 for r in ledger.reservations.values()
+                   if r.get("pool") == pool and r.get("kind") == "gpu" and r["node"] not in nodes_out)
+    return PoolUsage(pool, len(facts.pool_nodes), sum(gpus_of.values()), frozenset(nodes_out),
+                     sum(gpus_of.get(n, 0) for n in nodes_out) + gpu_only, int(facts.node.get("gpus") or 0))
+
+
+def decide(d: Decision, policy: SafetyPolicy, facts: Facts, ledger: Ledger,
+           now: datetime) -> tuple[Ledger, GateResult]:
+    """The guards' verdicts (all but ``approval``, which gates single steps) over ``facts`` and ``ledger``,
+    and the ledger they leave behind. Pure: the ledger's compare-and-set may run it several times."""
+    snap = SafetySnapshot(policy=policy, node_labels=dict(facts.node.get("labels") or {}),
+                          playbook_dry_run=facts.playbook_dry_run, quarantine=facts.quarantine,
+                          attempts=facts.attempts, lock_holder=facts.lock_holder, me=facts.me,
+                          pool=pool_usage(facts, ledger), breaker=ledger.breaker)
+    verdicts = tuple(evaluate(d, snap, now, only=frozenset(GUARD_NAMES) - {"approval"}))
+    stop = blocking(list(verdicts))
+    new = ledger
+    tripped: BreakerState | None = None
+    if stop is not None and stop.effect == "trip":
+        tripped = ledger.breaker.tripped(now, stop.reason)
+        new = replace(ledger, breaker=tripped)
+    elif stop is None and not shadow(list(verdicts)) and snap.quarantine is not None:
+        if "budget" in policy.enabled and snap.pool is not None:
+            new = new.reserved(d, snap.pool.pool, snap.quarantine, now)
+        if "breaker" in policy.enabled:
+            new = replace(new, breaker=new.breaker.with_quarantine(d.incident_id, now, policy.breaker_window_s))
+    return new, GateResult(verdicts, new.holds(d), tripped)
+
+
+class Gate:
+    """Evaluates a decision's guards against the shared ledger and attempts of the state bucket."""
+
+    def __init__(self, state_kv: KeyValue) -> None:
+        self.ledger = LedgerStore(state_kv)
+        self.attempts = AttemptLog(state_kv)
+
+    async def evaluate(self, d: Decision, policy: SafetyPolicy, facts: Facts, now: datetime) -> GateResult:
+        """The verdicts over ``facts``, their bookkeeping committed; a run that goes ahead for real (not
+        shadow) is recorded as an attempt of its node."""
+        if {"budget", "breaker"} & policy.enabled:
+            result = await self.ledger.docs.update(LEDGER_KEY, lambda led: decide(d, policy, facts, led, now))
+        else:
+            _, result = decide(d, policy, facts, Ledger(), now)
+        if result.stop is None and not result.shadow and "cooldown" in policy.enabled:
+            await self.attempts.record(Attempt(d.incident_id, d.node, d.gpu.key if d.gpu else "", now),
+                                       policy.attempt_window_s)
+        return result
