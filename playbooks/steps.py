@@ -1,15 +1,20 @@
-"""The step library: every action a playbook may name, each idempotent and reporting before/after state.
+"""The step library: every action a playbook may name, each idempotent and reporting what it changed.
 
 Where it sits: the executor (``remediator.executor``) runs a playbook's steps by looking their names up in
-``REGISTRY`` and calling them with a ``StepContext``. Steps act through the Kubernetes adapter (node taints,
-cordons, evictions, jobs, events) and the node agent client (GPU isolation, reset, health, reboot); they
-never see NATS messages or the wall clock (``ctx.clock``/``ctx.sleep`` are injected).
+``REGISTRY`` and calling them with a ``StepContext``. Steps ``await`` the ports of ``playbooks.ports``: the
+Kubernetes port (node taints, cordons, evictions, job discovery and restarts, events) and the node agent
+client (GPU isolation, reset, health, reboot); they import no concrete adapter, never see NATS messages or
+the wall clock (``ctx.clock``/``ctx.sleep`` are injected), and never hop threads themselves.
 
-A step is ``async def step(ctx, params) -> StepResult``, registered with ``@step(name, ...)``, which checks
-the signature when applied and returns the function unchanged, so it stays directly testable. Every step
-checks before it acts (running it twice changes nothing the second time), raises ``StepFailed`` when it
-cannot do its job, and lets adapter errors (temporary Kubernetes or agent trouble) propagate for the
-executor to map onto a retry. ``undo`` names the step that reverses it, for rollback.
+A step is ``async def step(ctx, params) -> Change``, registered with ``@step(name, ...)``, which checks the
+signature when applied and returns the function unchanged, so it stays directly testable. The
+``contracts.Change`` it returns (the same value the adapter's mutations and the agent's replies carry) is
+what the executor records as the step's ``before``/``after``/``detail``; a ``Skipped`` change says the step
+chose not to act. Every step checks before it acts (running it twice changes nothing the second time),
+raises ``StepFailed`` when it cannot do its job, and lets the adapters' errors propagate: a
+``TemporaryError`` (Kubernetes or an agent unavailable for now) reaches ``bus.settle``, which naks with its
+delay; a ``PermanentError`` (a drain that timed out, a job that cannot be restarted) fails the step like
+``StepFailed``. ``undo`` names the step that reverses it, for rollback.
 """
 
 from __future__ import annotations
@@ -17,76 +22,20 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import httpx
 
+from playbooks.ports import AgentPort, AuditPort, KubePort
 from playbooks.schema import Escalation, Playbook, Verification
 from remediator.adapters.agent import command_id
-from remediator.contracts import AgentReply, AgentVerb, AuditRecord, AuditWhat, Decision, GpuRef, StepRecord
+from remediator.contracts import AgentReply, Change, Decision, GpuRef, JobRef, StepRecord, resolve_job
+from remediator.errors import RemediatorError
 from remediator.settings import Settings
 
 Quarantine = Literal["node", "gpu"] | None
-
-
-# --- what a step talks to ------------------------------------------------------------------------------
-
-
-class KubeChangeLike(Protocol):
-    @property
-    def changed(self) -> bool: ...
-    @property
-    def before(self) -> dict[str, Any]: ...
-    @property
-    def after(self) -> dict[str, Any]: ...
-    @property
-    def detail(self) -> str: ...
-
-
-class JobRefLike(Protocol):
-    @property
-    def kind(self) -> str: ...
-    @property
-    def name(self) -> str: ...
-    @property
-    def namespace(self) -> str: ...
-    @property
-    def key(self) -> str: ...
-
-
-class KubeOps(Protocol):
-    """The Kubernetes adapter as the steps use it (``remediator.adapters.kube.KubeAdapter``; synchronous)."""
-
-    def taint(self, node: str, key: str, value: str, effect: str = ...) -> KubeChangeLike: ...
-    def untaint(self, node: str, key: str, effect: str | None = ..., *,
-                only_if_value: str | None = ...) -> KubeChangeLike: ...
-    def cordon(self, node: str) -> KubeChangeLike: ...
-    def uncordon(self, node: str, *, only_if_ours: bool = ...) -> KubeChangeLike: ...
-    def drain(self, node: str, *, timeout_s: float | None = ..., grace_period_s: int | None = ...,
-              pod_filter: Any = ..., progress: Any = ...) -> KubeChangeLike: ...
-    def evict_pods_on_gpu(self, node: str, gpu_index: int, *, timeout_s: float | None = ...,
-                          grace_period_s: int | None = ..., progress: Any = ...) -> KubeChangeLike: ...
-    def pods_on_node(self, node: str) -> list[dict[str, Any]]: ...
-    def job_of_pod(self, pod: Mapping[str, Any]) -> Any: ...
-    def job_pods(self, job: Any) -> list[dict[str, Any]]: ...
-    def restart_job(self, job: Any, *, restart_id: str, grace_period_s: int | None = ...) -> KubeChangeLike: ...
-    def escalate(self, node: str, reason: str, incident: str) -> KubeChangeLike: ...
-    def get_node(self, name: str) -> dict[str, Any]: ...
-    def list_gpu_nodes(self, pool: str | None = ...) -> list[dict[str, Any]]: ...
-
-
-class AgentOps(Protocol):
-    async def call(self, node: str, verb: AgentVerb, *, command_id: str, gpu: GpuRef | None = None,
-                   params: dict[str, Any] | None = None, timeout_s: float | None = None) -> AgentReply: ...
-
-
-class AuditOps(Protocol):
-    async def append(self, node: str | None, what: AuditWhat, why: str = "", *, incident: str | None = None,
-                     gpu: str | None = None, before: dict[str, Any] | None = None,
-                     after: dict[str, Any] | None = None, event_id: str | None = None, job: str | None = None,
-                     fingerprint: str | None = None, trace_id: str | None = None) -> AuditRecord: ...
 
 
 async def _real_sleep(seconds: float) -> None:
@@ -103,17 +52,16 @@ class StepContext:
 
     decision: Decision
     playbook: Playbook
-    kube: KubeOps
-    agents: AgentOps
+    kube: KubePort
+    agents: AgentPort
     settings: Settings
     clock: Callable[[], datetime]
-    audit: AuditOps
+    audit: AuditPort
     sleep: Callable[[float], Awaitable[None]] = _real_sleep
     records: Mapping[str, StepRecord] = field(default_factory=dict)
     step_key: str = ""
     timeout_s: float = 120.0
     http: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None
-    run_sync: Callable[..., Awaitable[Any]] | None = None
 
     @property
     def node(self) -> str:
@@ -127,26 +75,18 @@ class StepContext:
         """The agent command id of this step's ``n``-th ``verb``: stable across retries and resumes."""
         return command_id(self.decision.incident_id, self.step_key, verb, n)
 
-    async def kube_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run a (synchronous, thread-safe) adapter call off the event loop (on the executor's pool)."""
-        if self.run_sync is not None:
-            return await self.run_sync(fn, *args, **kwargs)
-        return await asyncio.to_thread(fn, *args, **kwargs)
-
 
 @dataclass(frozen=True)
-class StepResult:
-    """What a step did. ``changed`` is False when the state was already as wanted (check before act)."""
-
-    changed: bool
-    before: dict[str, Any] = field(default_factory=dict)
-    after: dict[str, Any] = field(default_factory=dict)
-    detail: str = ""
-    skipped: bool = False
+class Skipped(Change):
+    """The ``Change`` of a step that chose not to act (``return_to_service`` without a passing health
+    check): recorded and audited as ``skipped``, not ``succeeded``."""
 
 
-class StepFailed(Exception):
-    """The step could not do its job; the playbook's ``on_failure`` decides what happens next."""
+class StepFailed(RemediatorError):
+    """The step could not do its job; the playbook's ``on_failure`` decides what happens next.
+
+    ``before``/``after`` are the state it found and left, recorded like a ``Change``'s.
+    """
 
     def __init__(self, detail: str, *, before: dict[str, Any] | None = None,
                  after: dict[str, Any] | None = None) -> None:
@@ -156,7 +96,7 @@ class StepFailed(Exception):
         self.after = after or {}
 
 
-StepFn = Callable[[StepContext, Mapping[str, Any]], Awaitable[StepResult]]
+StepFn = Callable[[StepContext, Mapping[str, Any]], Awaitable[Change]]
 
 
 @dataclass(frozen=True)
@@ -204,7 +144,7 @@ _STEP_PARAMS = ("ctx", "params")
 
 def step(name: str, *, params: Iterable[str] = (), undo: str | None = None, quarantine: Quarantine = None,
          registry: StepRegistry | None = None) -> Callable[[StepFn], StepFn]:
-    """Register ``async def fn(ctx, params) -> StepResult`` as step ``name``; returns ``fn`` unchanged.
+    """Register ``async def fn(ctx, params) -> Change`` as step ``name``; returns ``fn`` unchanged.
 
     ``params`` are the parameter names a playbook may pass; ``undo`` the step that reverses this one;
     ``quarantine`` says whether the step takes a node or a GPU out of service (blast radius, breaker).
@@ -224,8 +164,9 @@ def step(name: str, *, params: Iterable[str] = (), undo: str | None = None, quar
     return wrap
 
 
-def _change(c: Any, what: str) -> StepResult:
-    return StepResult(bool(c.changed), dict(c.before), dict(c.after), str(c.detail or what))
+def _change(c: Change, what: str) -> Change:
+    """``c``, saying ``what`` was done when the adapter said nothing."""
+    return c if c.detail else replace(c, detail=what)
 
 
 def _need_gpu(ctx: StepContext) -> GpuRef:
@@ -234,11 +175,11 @@ def _need_gpu(ctx: StepContext) -> GpuRef:
     return ctx.gpu
 
 
-def _reply(reply: AgentReply, what: str) -> StepResult:
+def _reply(reply: AgentReply, what: str) -> Change:
     if not reply.ok:
         raise StepFailed(f"{what}: agent refused: {reply.detail}", before=dict(reply.before),
                          after=dict(reply.after))
-    return StepResult(reply.changed, dict(reply.before), dict(reply.after), reply.detail or what)
+    return _change(reply.change, what)
 
 
 # --- node-level steps (Kubernetes) ---------------------------------------------------------------------
@@ -249,52 +190,50 @@ def _taint_value(ctx: StepContext, params: Mapping[str, Any]) -> str:
 
 
 @step("taint", params=("effect", "value"), undo="untaint", quarantine="node")
-async def taint_node(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
+async def taint_node(ctx: StepContext, params: Mapping[str, Any]) -> Change:
     """Add the service's quarantine taint (``settings.taint_key=<playbook>:NoSchedule`` by default)."""
-    c = await ctx.kube_call(ctx.kube.taint, ctx.node, ctx.settings.taint_key, _taint_value(ctx, params),
-                            str(params.get("effect", "NoSchedule")))
+    c = await ctx.kube.taint(ctx.node, ctx.settings.taint_key, _taint_value(ctx, params),
+                             str(params.get("effect", "NoSchedule")))
     return _change(c, "taint")
 
 
 @step("untaint", params=("effect", "value"))
-async def untaint_node(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
+async def untaint_node(ctx: StepContext, params: Mapping[str, Any]) -> Change:
     """Remove the service's quarantine taint, only when it carries our value (never someone else's)."""
-    c = await ctx.kube_call(ctx.kube.untaint, ctx.node, ctx.settings.taint_key,
-                            str(params.get("effect", "NoSchedule")), only_if_value=_taint_value(ctx, params))
+    c = await ctx.kube.untaint(ctx.node, ctx.settings.taint_key, str(params.get("effect", "NoSchedule")),
+                               only_if_value=_taint_value(ctx, params))
     return _change(c, "untaint")
 
 
 @step("cordon", undo="uncordon", quarantine="node")
-async def cordon_node(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
+async def cordon_node(ctx: StepContext, params: Mapping[str, Any]) -> Change:
     """Mark the node unschedulable (the adapter marks the cordon as ours with an annotation)."""
-    return _change(await ctx.kube_call(ctx.kube.cordon, ctx.node), "cordon")
+    return _change(await ctx.kube.cordon(ctx.node), "cordon")
 
 
 @step("uncordon")
-async def uncordon_node(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
+async def uncordon_node(ctx: StepContext, params: Mapping[str, Any]) -> Change:
     """Make the node schedulable again, only when the cordon is ours."""
-    return _change(await ctx.kube_call(ctx.kube.uncordon, ctx.node, only_if_ours=True), "uncordon")
+    return _change(await ctx.kube.uncordon(ctx.node, only_if_ours=True), "uncordon")
 
 
 @step("drain", params=("grace_period_s",), quarantine="node")
-async def drain_node(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
+async def drain_node(ctx: StepContext, params: Mapping[str, Any]) -> Change:
     """Evict every pod but DaemonSet and mirror pods through the Eviction API, honouring PDBs."""
     grace = int(params.get("grace_period_s", ctx.settings.drain_grace_period_s))
     timeout = min(ctx.timeout_s, ctx.settings.drain_timeout_s)
-    return _change(await ctx.kube_call(ctx.kube.drain, ctx.node, timeout_s=timeout, grace_period_s=grace),
-                   "drain")
+    return _change(await ctx.kube.drain(ctx.node, timeout_s=timeout, grace_period_s=grace), "drain")
 
 
 @step("evict_gpu_pods", params=("grace_period_s",), quarantine="gpu")
-async def evict_gpu_pods(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
+async def evict_gpu_pods(ctx: StepContext, params: Mapping[str, Any]) -> Change:
     """Evict only the pods bound to the decision's GPU; the node's other GPUs and pods stay."""
     gpu = _need_gpu(ctx)
     if gpu.index is None:
         raise StepFailed(f"evict_gpu_pods: the index of GPU {gpu.key} is unknown, so its pods cannot be found")
     grace = int(params.get("grace_period_s", ctx.settings.drain_grace_period_s))
     timeout = min(ctx.timeout_s, ctx.settings.drain_timeout_s)
-    c = await ctx.kube_call(ctx.kube.evict_pods_on_gpu, ctx.node, gpu.index, timeout_s=timeout,
-                            grace_period_s=grace)
+    c = await ctx.kube.evict_pods_on_gpu(ctx.node, gpu.index, timeout_s=timeout, grace_period_s=grace)
     return _change(c, "evict_gpu_pods")
 
 
@@ -302,7 +241,7 @@ async def evict_gpu_pods(ctx: StepContext, params: Mapping[str, Any]) -> StepRes
 
 
 @step("isolate_gpu", undo="release_gpu", quarantine="gpu")
-async def isolate_gpu(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
+async def isolate_gpu(ctx: StepContext, params: Mapping[str, Any]) -> Change:
     """Stop new work landing on one GPU (the agent takes it out of the device plugin's healthy set)."""
     gpu = _need_gpu(ctx)
     reply = await ctx.agents.call(ctx.node, "isolate_gpu", gpu=gpu, command_id=ctx.command_id("isolate_gpu"),
@@ -311,7 +250,7 @@ async def isolate_gpu(ctx: StepContext, params: Mapping[str, Any]) -> StepResult
 
 
 @step("release_gpu")
-async def release_gpu(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
+async def release_gpu(ctx: StepContext, params: Mapping[str, Any]) -> Change:
     """Put an isolated GPU back into the schedulable set."""
     gpu = _need_gpu(ctx)
     reply = await ctx.agents.call(ctx.node, "release_gpu", gpu=gpu, command_id=ctx.command_id("release_gpu"),
@@ -320,7 +259,7 @@ async def release_gpu(ctx: StepContext, params: Mapping[str, Any]) -> StepResult
 
 
 @step("reset_gpu", params=("wait_idle_s", "interval_s"))
-async def reset_gpu(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
+async def reset_gpu(ctx: StepContext, params: Mapping[str, Any]) -> Change:
     """Reset the GPU through the agent once no process holds it (waits for idle up to ``wait_idle_s``)."""
     gpu = _need_gpu(ctx)
     interval = float(params.get("interval_s", 2.0))
@@ -340,7 +279,7 @@ async def reset_gpu(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
 
 
 @step("kill_orphans")
-async def kill_orphans(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
+async def kill_orphans(ctx: StepContext, params: Mapping[str, Any]) -> Change:
     """Kill processes holding GPU memory whose pod is gone."""
     reply = await ctx.agents.call(ctx.node, "kill_orphans", gpu=ctx.gpu, command_id=ctx.command_id("kill_orphans"),
                                   timeout_s=min(ctx.timeout_s, 30.0))
@@ -360,7 +299,7 @@ def _verification(ctx: StepContext, params: Mapping[str, Any]) -> Verification:
 
 
 @step("health_check", params=("hold_down_s", "interval_s", "checks", "scope"))
-async def health_check(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
+async def health_check(ctx: StepContext, params: Mapping[str, Any]) -> Change:
     """Pass only when the agent's health check passes continuously for the hold-down time."""
     v = _verification(ctx, params)
     gpu = ctx.gpu if params.get("scope", "gpu") == "gpu" else None
@@ -377,8 +316,7 @@ async def health_check(ctx: StepContext, params: Mapping[str, Any]) -> StepResul
         if reply.ok:
             passing_since = passing_since or now
             if (now - passing_since).total_seconds() >= v.hold_down_s:
-                return StepResult(False, first, dict(reply.after),
-                                  f"healthy for {v.hold_down_s:g}s ({n + 1} probes)")
+                return Change(False, first, dict(reply.after), f"healthy for {v.hold_down_s:g}s ({n + 1} probes)")
         else:
             passing_since = None
         if (now - started).total_seconds() + v.interval_s > ctx.timeout_s:
@@ -389,7 +327,7 @@ async def health_check(ctx: StepContext, params: Mapping[str, Any]) -> StepResul
 
 
 @step("reboot_node", params=("reason",), quarantine="node")
-async def reboot_node(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
+async def reboot_node(ctx: StepContext, params: Mapping[str, Any]) -> Change:
     """Reboot the node through the configured hook (POST), else through the agent."""
     reason = str(params.get("reason", ctx.decision.reason))
     hook = ctx.settings.reboot_hook_url
@@ -397,7 +335,7 @@ async def reboot_node(ctx: StepContext, params: Mapping[str, Any]) -> StepResult
         body = {"node": ctx.node, "incident": ctx.decision.incident_id, "reason": reason,
                 "idempotency_key": ctx.command_id("reboot_node")}
         await _post(ctx, hook, body)
-        return StepResult(True, {}, {"reboot_requested": True}, f"reboot requested from {hook}")
+        return Change(True, {}, {"reboot_requested": True}, f"reboot requested from {hook}")
     reply = await ctx.agents.call(ctx.node, "reboot_node", command_id=ctx.command_id("reboot_node"),
                                   params={"reason": reason}, timeout_s=min(ctx.timeout_s, 60.0))
     return _reply(reply, "reboot_node")
@@ -407,60 +345,48 @@ async def reboot_node(ctx: StepContext, params: Mapping[str, Any]) -> StepResult
 
 
 def _job_name(ctx: StepContext) -> tuple[str | None, str | None]:
-    """``(namespace, name)`` of the decision's job, from ``decision.job`` (``name`` or ``ns/name``) or labels."""
-    labels = ctx.decision.labels
-    job = (ctx.decision.job or labels.get("training.kubeflow.org/job-name") or labels.get("job-name")
-           or labels.get("job") or None)
-    namespace = labels.get("namespace") or labels.get("pod_namespace") or None
+    """``(namespace, name)`` of the decision's job: ``decision.job`` (``name`` or ``ns/name``), else the one
+    resolver's answer (``contracts.resolve_job``: the owner reference the event's maker saw, then the job
+    labels); the namespace from the event's origin, else its labels. Never a name guessed from a pod's."""
+    d = ctx.decision
+    job = d.job or resolve_job(d.origin, d.labels)
+    namespace = d.origin.namespace or d.labels.get("namespace") or d.labels.get("pod_namespace") or None
     if job and "/" in job:
         namespace, job = job.split("/", 1)
     return namespace, job
 
 
-def _find_job(ctx: StepContext) -> Any:
-    """The controller of the decision's job: from the owner references of its pods on the node, else by
-    name among the kinds that run gangs (PyTorchJob, then batch Job)."""
+async def _find_job(ctx: StepContext) -> JobRef:
+    """The controller of the decision's job, found by the Kubernetes port (owner references of the pods on
+    the node, else by name among the kinds that run gangs); without a name, the one job on the decision's
+    GPU (or node)."""
     namespace, name = _job_name(ctx)
-    pods = ctx.kube.pods_on_node(ctx.node)
-    candidates = [p for p in pods if not p["daemonset"] and not p["mirror"]]
-    if name is None:
-        gpu = ctx.gpu
-        if gpu is not None and gpu.index is not None:
-            candidates = [p for p in candidates if gpu.index in p["gpu_indices"]]
-        jobs = {j.key: j for j in (ctx.kube.job_of_pod(p) for p in candidates) if j is not None}
-        if len(jobs) == 1:
-            return next(iter(jobs.values()))
-        raise StepFailed(f"restart_job: the decision names no job and the node runs {len(jobs)} jobs")
-    for p in candidates:
-        j = ctx.kube.job_of_pod(p)
-        if j is not None and j.name == name and (namespace is None or j.namespace == namespace):
-            return j
-        if j is not None and p["labels"].get("training.kubeflow.org/job-name") == name:
-            return j
-    from remediator.adapters.kube import JobRef, NotFound  # only here: a job no pod on the node belongs to
+    gpu = ctx.gpu
+    on_gpu: Callable[[dict[str, Any]], bool] | None = None
+    if name is None and gpu is not None and gpu.index is not None:
+        index = gpu.index
 
-    for kind, api in (("PyTorchJob", "kubeflow.org/v1"), ("Job", "batch/v1")):
-        ref = JobRef(kind, name, namespace or "default", api)
-        try:
-            ctx.kube.job_pods(ref)
-        except NotFound:
-            continue
-        return ref
-    raise StepFailed(f"restart_job: no PyTorchJob or Job named {name!r} in {namespace or 'default'}")
+        def on_gpu(pod: dict[str, Any]) -> bool:
+            return index in pod.get("gpu_indices", ())
+
+    job = await ctx.kube.find_job(ctx.node, name=name, namespace=namespace, pod_filter=on_gpu)
+    if job is not None:
+        return job
+    if name is None:
+        raise StepFailed(f"restart_job: the decision names no job and no single job runs on {ctx.node}")
+    raise StepFailed(f"restart_job: no PyTorchJob, Job or JobSet named {name!r} in {namespace or 'default'}")
 
 
 @step("restart_job", params=("grace_period_s",))
-async def restart_job(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
+async def restart_job(ctx: StepContext, params: Mapping[str, Any]) -> Change:
     """Restart the whole gang of the decision's job (PyTorchJob, batch Job, StatefulSet/Deployment pods).
 
     The job is found from its pods' owner references (labels fill in); every rank is deleted for its
     controller to recreate, once per incident (the restart id makes a resumed restart finish, not repeat).
     """
-    job = await ctx.kube_call(_find_job, ctx)
-    kwargs: dict[str, Any] = {"restart_id": ctx.command_id("restart_job")}
-    if "grace_period_s" in params:
-        kwargs["grace_period_s"] = int(params["grace_period_s"])
-    c = await ctx.kube_call(ctx.kube.restart_job, job, **kwargs)
+    job = await _find_job(ctx)
+    grace = int(params["grace_period_s"]) if "grace_period_s" in params else None
+    c = await ctx.kube.restart_job(job, restart_id=ctx.command_id("restart_job"), grace_period_s=grace)
     return _change(c, f"restart_job {job.key}")
 
 
@@ -478,7 +404,7 @@ async def _post(ctx: StepContext, url: str, body: dict[str, Any]) -> None:
 
 
 @step("escalate", params=("reason", "action", "severity"))
-async def escalate(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
+async def escalate(ctx: StepContext, params: Mapping[str, Any]) -> Change:
     """Hand over to a person: node annotation, Kubernetes Event, audit record, optional webhook."""
     esc: Escalation = ctx.playbook.escalation
     reason = str(params.get("reason") or ctx.decision.reason)
@@ -488,7 +414,7 @@ async def escalate(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
     after: dict[str, Any] = {"action": action, "severity": severity}
     changed = False
     if esc.annotate or esc.event:
-        c = await ctx.kube_call(ctx.kube.escalate, ctx.node, f"[{severity}] {action}: {reason}", d.incident_id)
+        c = await ctx.kube.escalate(ctx.node, f"[{severity}] {action}: {reason}", d.incident_id)
         changed = bool(c.changed)
         after.update(c.after)
     await ctx.audit.append(ctx.node, "escalated", f"{action}: {reason}", incident=d.incident_id,
@@ -498,7 +424,7 @@ async def escalate(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
                     {"node": ctx.node, "gpu": d.gpu.model_dump() if d.gpu else None, "incident": d.incident_id,
                      "playbook": d.playbook, "action": action, "severity": severity, "reason": reason})
         after["webhook"] = True
-    return StepResult(changed, {}, after, f"escalated: {action}")
+    return Change(changed, {}, after, f"escalated: {action}")
 
 
 def placed_by_us(rec: StepRecord, ctx: StepContext) -> bool:
@@ -520,7 +446,7 @@ def placed_by_us(rec: StepRecord, ctx: StepContext) -> bool:
 
 
 @step("return_to_service", params=("require_health",))
-async def return_to_service(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
+async def return_to_service(ctx: StepContext, params: Mapping[str, Any]) -> Change:
     """Undo what this run added (taint, cordon, GPU isolation) once the last health check passed.
 
     Never removes a cordon or taint the run found already set: the before-state recorded by the step says
@@ -531,8 +457,7 @@ async def return_to_service(ctx: StepContext, params: Mapping[str, Any]) -> Step
         # the checks that ran: a rung skipped because an earlier one healed the fault leaves skipped checks
         checks = [r for r in recs.values() if r.name == "health_check" and r.status in ("succeeded", "failed")]
         if not checks or checks[-1].status != "succeeded":
-            return StepResult(False, {}, {"returned": False},
-                              "left out of service: no passing health check in this run", skipped=True)
+            return Skipped(False, {}, {"returned": False}, "left out of service: no passing health check in this run")
     undone: list[str] = []
     kept: list[str] = []
     for rec in recs.values():
@@ -549,7 +474,7 @@ async def return_to_service(ctx: StepContext, params: Mapping[str, Any]) -> Step
             await release_gpu(ctx, {})
         undone.append(rec.name)
     detail = f"removed {undone or 'nothing'}" + (f"; left {kept} (not added by this run)" if kept else "")
-    return StepResult(bool(undone), {"ours": undone, "not_ours": kept}, {"returned": True}, detail)
+    return Change(bool(undone), {"ours": undone, "not_ours": kept}, {"returned": True}, detail)
 
 
 def quarantine_of(playbook: Playbook, registry: StepRegistry = REGISTRY) -> Quarantine:

@@ -1,10 +1,13 @@
 """The request side of ``agent.<node>.cmd``: the executor asking a node agent to act on its node.
 
-Where it sits: under the step library (``playbooks.steps``), which calls it for node-local steps (isolate,
-release or reset a GPU, kill orphans, health check, reboot). The agent answers an ``AgentCommand`` with an
-``AgentReply``; a repeated command id returns the first result, so a retried or resumed step never acts
-twice. This module retries transport failures (no responder, timeout) with tenacity, bounded in attempts
-and time; a reply that says ``ok: false`` is the agent's answer and is returned, not retried.
+Where it sits: an adapter, beside the Kubernetes adapter (``remediator.adapters.kube``) and under the step
+library (``playbooks.steps``), which calls it, typed against ``playbooks.ports.AgentPort``, for node-local
+steps (isolate, release or reset a GPU, kill orphans, health check, reboot). The agent answers an
+``AgentCommand`` with an ``AgentReply`` (``reply.change`` is the ``contracts.Change`` it made); a repeated
+command id returns the first result, so a retried or resumed step never acts twice. This module retries
+transport failures (no responder, timeout) with tenacity, bounded in attempts and time; a reply that says
+``ok: false`` is the agent's answer and is returned, not retried. When no agent answers within that budget
+the call raises ``AgentUnavailable``, a ``TemporaryError``: ``bus.settle`` naks the remediation for later.
 """
 
 from __future__ import annotations
@@ -17,13 +20,15 @@ from nats.aio.client import Client as NATS
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_exponential
 
 from remediator.contracts import AgentCommand, AgentReply, AgentVerb, GpuRef
+from remediator.errors import TemporaryError
 from remediator.subjects import agent_cmd_subject
 
 __all__ = ["AgentClient", "AgentUnavailable", "command_id"]
 
 
-class AgentUnavailable(RuntimeError):
-    """No agent answered on ``agent.<node>.cmd`` within the retry budget (a temporary condition)."""
+class AgentUnavailable(TemporaryError):
+    """No agent answered on ``agent.<node>.cmd`` within the retry budget: try the remediation again later
+    (after the consumer's configured delay)."""
 
 
 def command_id(*parts: object) -> str:

@@ -72,7 +72,7 @@ async def _one_run(nodes: int, failing: int, *, breaker: bool, progress: Progres
     from playbooks.catalog import PlaybookCatalog
     from remediator import bus
     from remediator.adapters.agent import AgentClient
-    from remediator.adapters.kube import KubeAdapter
+    from remediator.adapters.kube import AsyncKube, KubeAdapter
     from remediator.audit import AuditLog
     from remediator.contracts import Change
     from remediator.dispatch import Dispatcher
@@ -112,7 +112,8 @@ async def _one_run(nodes: int, failing: int, *, breaker: bool, progress: Progres
             nc_x, js_x = await bus.connect(server.url, name="storm-executor")
             nc_p, js_p = await bus.connect(server.url, name="storm-publisher")
             await bus.provision(js_d, settings)
-            kube = TimedKube.from_settings(settings, poll_interval_s=0.2)
+            kube = AsyncKube(TimedKube.from_settings(settings, poll_interval_s=0.2),
+                             max_workers=settings.executor_concurrency + 4)
             dispatcher = await Dispatcher.create(nc_d, js_d, settings, AuditLog(js_d, "storm-dispatch"))
             executor = Executor(nc_x, js_x, settings, kube, AuditLog(js_x, "storm-executor"), PlaybookCatalog.load(),
                                 AgentClient(nc_x))

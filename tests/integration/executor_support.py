@@ -25,7 +25,7 @@ from chaos.sim.kube_api import KubeApiServer
 from playbooks.catalog import PlaybookCatalog
 from remediator import bus
 from remediator.adapters.agent import AgentClient
-from remediator.adapters.kube import KubeAdapter
+from remediator.adapters.kube import AsyncKube, KubeAdapter
 from remediator.audit import AuditLog, iter_records
 from remediator.contracts import AgentCommand, AgentReply, AuditRecord, Decision, GpuRef
 from remediator.executor import Executor
@@ -126,14 +126,18 @@ async def rig(nats_url: str, tmp: Path, *, nodes: int = 4, **settings: Any) -> A
     kubeconfig = api.write_kubeconfig(tmp / "kubeconfig")
     s = fast_settings(nats_url, kubeconfig=str(kubeconfig), **settings)
     nc, js = await bus.connect(nats_url)
+    port: AsyncKube | None = None
     try:
         await bus.provision(js, s)
         kube = KubeAdapter.from_settings(s, poll_interval_s=0.05)
         audit = AuditLog(js, "test-executor")
         agents = SimAgents(nc, sim)
         await agents.start()
-        ex = Executor(nc, js, s, kube, audit, PlaybookCatalog.load(), AgentClient(nc, timeout_s=2.0))
+        port = AsyncKube(kube, max_workers=s.executor_concurrency + 4)
+        ex = Executor(nc, js, s, port, audit, PlaybookCatalog.load(), AgentClient(nc, timeout_s=2.0))
         yield Rig(nc, js, sim, api, kube, audit, ex, agents, s, kubeconfig)
     finally:
         await nc.drain()
+        if port is not None:
+            port.close()
         api.stop()

@@ -12,7 +12,7 @@ import signal
 from playbooks.catalog import PlaybookCatalog
 from remediator import bus
 from remediator.adapters.agent import AgentClient
-from remediator.adapters.kube import KubeAdapter
+from remediator.adapters.kube import AsyncKube
 from remediator.audit import AuditLog
 from remediator.executor import Executor
 from remediator.settings import Settings
@@ -22,13 +22,14 @@ async def main() -> None:
     s = Settings()
     assert s.nats_url
     nc, js = await bus.connect(s.nats_url, name=s.replica_id)
-    kube = KubeAdapter.from_settings(s, poll_interval_s=0.1)
+    kube = AsyncKube.from_settings(s, poll_interval_s=0.1)
     ex = Executor(nc, js, s, kube, AuditLog(js, s.replica_id), PlaybookCatalog.load(), AgentClient(nc))
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     print("ready", flush=True)
     await ex.run(stop)
     await nc.drain()
+    kube.close()
 
 
 if __name__ == "__main__":

@@ -16,9 +16,9 @@ from pydantic import ValidationError
 
 from playbooks.catalog import PLAYBOOK_DIR, PlaybookCatalog, PlaybookError, load_file
 from playbooks.schema import Playbook
-from playbooks.steps import REGISTRY, StepContext, StepRegistry, StepResult, quarantine_of, step
+from playbooks.steps import REGISTRY, StepContext, StepRegistry, quarantine_of, step
 from remediator.commands.playbooks import playbooks as playbooks_cli
-from remediator.contracts import PLAYBOOK_NAMES, StepRecord
+from remediator.contracts import PLAYBOOK_NAMES, Change, StepRecord
 from remediator.executor import next_step
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -98,22 +98,22 @@ def test_catalog_rejects_unknown_step_bad_params_name_mismatch_and_missing_files
 def test_step_decorator_validates_signature_and_returns_the_function() -> None:
     reg = StepRegistry()
 
-    async def good(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
-        return StepResult(False)
+    async def good(ctx: StepContext, params: Mapping[str, Any]) -> Change:
+        return Change(False)
 
     assert step("good", registry=reg)(good) is good
     assert "good" in reg and reg.get("good").fn is good
     with pytest.raises(ValueError, match="twice"):
         step("good", registry=reg)(good)
 
-    async def bad(context: StepContext) -> StepResult:
-        return StepResult(False)
+    async def bad(context: StepContext) -> Change:
+        return Change(False)
 
     with pytest.raises(TypeError, match="must take"):
         step("bad", registry=reg)(bad)  # type: ignore[arg-type]
 
-    def sync(ctx: StepContext, params: Mapping[str, Any]) -> StepResult:
-        return StepResult(False)
+    def sync(ctx: StepContext, params: Mapping[str, Any]) -> Change:
+        return Change(False)
 
     with pytest.raises(TypeError, match="async"):
         step("sync", registry=reg)(sync)  # type: ignore[arg-type]

@@ -1,0 +1,77 @@
+"""The ports of the step library: what a playbook step may talk to, declared as protocols.
+
+Where it sits: beside ``playbooks.steps``, which types its ``StepContext`` against these, so the step library
+depends on no concrete adapter. The composition root (``remediator.service``) hands the executor the real
+ones -- ``remediator.adapters.kube.AsyncKube`` for ``KubePort``, ``remediator.adapters.agent.AgentClient``
+for ``AgentPort``, ``remediator.audit.AuditLog`` for ``AuditPort`` -- and tests may hand fakes.
+
+Every call is awaited: the one thread hop between the event loop and the Kubernetes client happens inside
+the adapter. Mutations answer with a ``contracts.Change``; errors are the ``remediator.errors`` vocabulary
+(a ``TemporaryError`` propagates to ``bus.settle``, which naks with its delay; a ``PermanentError`` fails the
+step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from remediator.contracts import AgentReply, AgentVerb, AuditRecord, AuditWhat, Change, GpuRef, JobRef
+
+__all__ = ["AgentPort", "AuditPort", "KubePort"]
+
+
+class KubePort(Protocol):
+    """The Kubernetes API as the steps and the executor's guards use it (``AsyncKube``)."""
+
+    async def get_node(self, name: str) -> dict[str, Any]:
+        """The node summary; raises a ``PermanentError`` (404) when there is no such node."""
+        ...
+
+    async def find_node(self, name: str) -> dict[str, Any] | None:
+        """The node summary, or None when there is no such node."""
+        ...
+
+    async def list_gpu_nodes(self, pool: str | None = ...) -> list[dict[str, Any]]: ...
+
+    async def taint(self, node: str, key: str, value: str, effect: str = ...) -> Change: ...
+
+    async def untaint(self, node: str, key: str, effect: str | None = ..., *,
+                      only_if_value: str | None = ...) -> Change: ...
+
+    async def cordon(self, node: str) -> Change: ...
+
+    async def uncordon(self, node: str, *, only_if_ours: bool = ...) -> Change: ...
+
+    async def drain(self, node: str, *, timeout_s: float | None = ..., grace_period_s: int | None = ...) -> Change:
+        """Evict the node's pods; a drain that does not finish raises a ``PermanentError`` whose
+        ``before``/``after`` name the pods left."""
+        ...
+
+    async def evict_pods_on_gpu(self, node: str, gpu_index: int, *, timeout_s: float | None = ...,
+                                grace_period_s: int | None = ...) -> Change: ...
+
+    async def find_job(self, node: str, *, name: str | None = ..., namespace: str | None = ...,
+                       pod_filter: Callable[[dict[str, Any]], bool] | None = ...) -> JobRef | None:
+        """The controller of the named job (or of the one job on the node), found through owner references."""
+        ...
+
+    async def restart_job(self, job: JobRef, *, restart_id: str, grace_period_s: int | None = ...) -> Change: ...
+
+    async def escalate(self, node: str, reason: str, incident: str) -> Change: ...
+
+
+class AgentPort(Protocol):
+    """The node agents' command subject (``AgentClient``); no answer raises a ``TemporaryError``."""
+
+    async def call(self, node: str, verb: AgentVerb, *, command_id: str, gpu: GpuRef | None = None,
+                   params: dict[str, Any] | None = None, timeout_s: float | None = None) -> AgentReply: ...
+
+
+class AuditPort(Protocol):
+    """The audit trail (``AuditLog``)."""
+
+    async def append(self, node: str | None, what: AuditWhat, why: str = "", *, incident: str | None = None,
+                     gpu: str | None = None, before: dict[str, Any] | None = None,
+                     after: dict[str, Any] | None = None, event_id: str | None = None, job: str | None = None,
+                     fingerprint: str | None = None, trace_id: str | None = None) -> AuditRecord: ...
