@@ -46,7 +46,7 @@ from pydantic import ValidationError
 from remediator.agent.host import GpuBackend, GpuSnapshot, HostRunner, PodView, RunResult
 from remediator.agent.orphans import find_orphans
 from remediator.agent.state import StateStore
-from remediator.contracts import AgentCommand, AgentReply, GpuRef, normalize_pci_bus_id
+from remediator.contracts import AgentCommand, AgentReply, Change, GpuRef, normalize_pci_bus_id
 from remediator.subjects import agent_cmd_subject
 
 log = logging.getLogger(__name__)
@@ -166,7 +166,7 @@ class CommandResponder:
     @staticmethod
     def _result(cmd: AgentCommand, r: RunResult, before: dict[str, Any], after: dict[str, Any]
                 ) -> tuple[AgentReply, bool]:
-        return AgentReply(id=cmd.id, ok=r.ok, changed=r.ok, detail=r.detail, before=before, after=after), True
+        return AgentReply.of(cmd.id, r.ok, Change(r.ok, before, after, r.detail)), True
 
     # --- verbs ---------------------------------------------------------------------------------------
 
