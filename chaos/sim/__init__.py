@@ -6,7 +6,6 @@ writes. Nothing on the service's path imports this package.
 """
 
 from chaos.sim.cluster import (
-    GPU_INDICES_ANNOTATION,
     GPU_PRESENT_LABEL,
     GPU_RESOURCE,
     JOB_NAME_LABEL,
@@ -18,6 +17,7 @@ from chaos.sim.cluster import (
     TRAINING_NAMESPACE,
     ApiError,
     ClusterState,
+    DeviceHolder,
     InjectedFault,
     ResourceType,
     seed_cluster,
@@ -25,7 +25,6 @@ from chaos.sim.cluster import (
 from chaos.sim.kube_api import KubeApiServer
 
 __all__ = [
-    "GPU_INDICES_ANNOTATION",
     "GPU_PRESENT_LABEL",
     "GPU_RESOURCE",
     "JOB_NAME_LABEL",
@@ -37,6 +36,7 @@ __all__ = [
     "TRAINING_NAMESPACE",
     "ApiError",
     "ClusterState",
+    "DeviceHolder",
     "InjectedFault",
     "KubeApiServer",
     "ResourceType",

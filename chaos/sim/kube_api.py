@@ -47,17 +47,17 @@ from urllib.parse import parse_qs, urlsplit
 
 import yaml
 
-from chaos.sim.cluster import (
+from chaos.sim.cluster import ClusterState
+from chaos.sim.kube_select import FieldSelector, LabelSelector, SelectorError
+from chaos.sim.resources import (
     BY_PLURAL,
     KUBERNETES_VERSION,
     RESOURCES,
     ApiError,
-    ClusterState,
     ListResult,
     ResourceType,
     WatchEvent,
 )
-from chaos.sim.kube_select import FieldSelector, LabelSelector, SelectorError
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,6 @@ from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
 from chaos.sim import (
-    GPU_INDICES_ANNOTATION,
     KUBEFLOW_JOB_NAME_LABEL,
     ClusterState,
     KubeApiServer,
@@ -143,7 +142,8 @@ def test_kubectl_drain_evicts_training_pods_and_keeps_daemonsets(sim: Sim) -> No
     assert again["metadata"]["uid"] != before["metadata"]["uid"]
     assert again["status"]["phase"] == "Running"
     assert again["spec"]["nodeName"] not in ("gpu-node-0", "", None)
-    assert len(again["metadata"]["annotations"][GPU_INDICES_ANNOTATION].split(",")) == 4
+    assert len(state.gpu_indices_of("training", "pytorch-0-master-0")) == 4
+    assert "gpu-remediator.io/gpu-indices" not in (again["metadata"].get("annotations") or {})
     assert state.job_restarts("PyTorchJob", "training", "pytorch-0") == 1
 
 
@@ -223,7 +223,8 @@ def test_client_lists_pods_by_node_and_label(sim: Sim, api: client.ApiClient) ->
     worker = next(p for p in on_node if p.metadata.namespace == "training")
     assert worker.metadata.labels[KUBEFLOW_JOB_NAME_LABEL] == "pytorch-0"
     assert worker.metadata.labels["training.kubeflow.org/replica-type"] == "worker"
-    assert worker.metadata.annotations[GPU_INDICES_ANNOTATION] == "0,1,2,3"
+    assert sim.state.gpu_indices_of("training", worker.metadata.name) == [0, 1, 2, 3]
+    assert not worker.metadata.annotations  # the device allocation is the kubelet's, not on the pod
     assert worker.metadata.owner_references[0].controller is True
     ranks = v1.list_namespaced_pod("training", label_selector=f"{KUBEFLOW_JOB_NAME_LABEL}=pytorch-0").items
     assert sorted(p.metadata.name for p in ranks) == ["pytorch-0-master-0", "pytorch-0-worker-0"]

@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from chaos.sim import (
-    GPU_INDICES_ANNOTATION,
     RESTARTS_ANNOTATION,
     ApiError,
     ClusterState,
@@ -75,7 +74,8 @@ def test_seed_lays_out_pools_jobs_daemonsets_and_pdbs() -> None:
     env = {e["name"]: e["value"] for e in worker["spec"]["containers"][0]["env"]}
     assert env["RANK"] == "1" and env["WORLD_SIZE"] == "2" and env["MASTER_ADDR"] == "pytorch-0-master-0"
     assert master["spec"]["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
-    assert master["metadata"]["annotations"][GPU_INDICES_ANNOTATION] == "0,1,2,3"
+    assert state.gpu_indices_of("training", "pytorch-0-master-0") == [0, 1, 2, 3]
+    assert "annotations" not in master["metadata"]  # the allocation is the kubelet's, never on the pod
     job_pod = _training(state, "gpu-node-2")
     assert job_pod["metadata"]["labels"]["job-name"] == "train-2"
     assert state.pdb_for("training", job_pod["metadata"]["name"])["status"]["disruptionsAllowed"] == 1  # type: ignore[index]
@@ -106,7 +106,7 @@ def test_evicted_pod_is_replaced_on_the_only_open_node_then_waits_for_room() -> 
     state.evict("training", first["metadata"]["name"])
     replacement = state.job_pods("Job", "training", "train-2")[0]
     assert replacement["spec"]["nodeName"] == "gpu-node-3"
-    assert replacement["metadata"]["annotations"][GPU_INDICES_ANNOTATION] == "4,5,6,7"
+    assert state.gpu_indices_of("training", replacement["metadata"]["name"]) == [4, 5, 6, 7]
     assert state.job_restarts("Job", "training", "train-2") == 1
     assert state.get("jobs", "train-2", "training")["metadata"]["annotations"][RESTARTS_ANNOTATION] == "1"
 
@@ -160,7 +160,7 @@ def test_unhealthy_gpu_is_never_assigned_and_lowers_allocatable() -> None:
     state.evict("training", "pytorch-0-master-0")
     moved = state.pod("training", "pytorch-0-master-0")
     assert moved["spec"]["nodeName"] == "gpu-node-1"
-    assert moved["metadata"]["annotations"][GPU_INDICES_ANNOTATION] == "3,4"
+    assert state.gpu_indices_of("training", "pytorch-0-master-0") == [3, 4]
     assert sorted(state.gpus_in_use("gpu-node-1")) == [0, 1, 3, 4]
     healed = state.set_gpu_health("gpu-node-1", 2, healthy=True)
     assert healed["status"]["allocatable"]["nvidia.com/gpu"] == "8"
@@ -506,7 +506,7 @@ def test_jobs_created_through_the_api_get_pods_scheduled() -> None:
                           "spec": {"parallelism": 2, "template": template}}, "training")
     pods = state.job_pods("Job", "training", "probe")
     assert len(pods) == 2 and all(p["status"]["phase"] == "Running" for p in pods)
-    assert {p["metadata"]["annotations"][GPU_INDICES_ANNOTATION] for p in pods} == {"4,5"}
+    assert [state.gpu_indices_of("training", p["metadata"]["name"]) for p in pods] == [[4, 5], [4, 5]]
     assert state.job_restarts("Job", "training", "probe") == 0
     ptj = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "big"},
            "spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 1, "template": template},

@@ -23,7 +23,7 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from chaos.sim import GPU_INDICES_ANNOTATION, ClusterState, KubeApiServer, seed_cluster
+from chaos.sim import ClusterState, KubeApiServer, seed_cluster
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -164,7 +164,7 @@ def test_a_deployment_owns_one_replicaset_that_owns_its_pods(sim: Sim, api: clie
         assert pod.metadata.name.startswith(f"{rs.metadata.name}-")
         assert pod.metadata.labels == {"app": "web", "pod-template-hash": pod_hash}
         assert pod.status.phase == "Running" and pod.spec.node_name
-        assert pod.metadata.annotations[GPU_INDICES_ANNOTATION] == "4"  # GPUs 0-3 hold the training pod
+        assert sim.state.gpu_indices_of(NS, pod.metadata.name) == [4]  # GPUs 0-3 hold the training pod
 
     status = apps.read_namespaced_deployment("web", NS).status
     assert (status.replicas, status.ready_replicas, status.available_replicas, status.updated_replicas) == (3, 3, 3, 3)
@@ -250,13 +250,13 @@ def test_workload_pods_wait_for_free_gpus(tmp_path: Path) -> None:
     pending = [p for p in pods.values() if not p["spec"].get("nodeName")]
     assert len(pending) == 1
     assert pending[0]["status"]["conditions"][0]["reason"] == "Unschedulable"
-    assert all(p["metadata"]["annotations"][GPU_INDICES_ANNOTATION] == "4,5,6,7"
+    assert all(state.gpu_indices_of(NS, p["metadata"]["name"]) == [4, 5, 6, 7]
                for p in pods.values() if p["spec"].get("nodeName"))
 
     state.delete("pytorchjobs", "pytorch-0", "training")  # frees GPUs 0-3 on both nodes
     pod = state.pod(NS, pending[0]["metadata"]["name"])
     assert pod["status"]["phase"] == "Running"
-    assert pod["metadata"]["annotations"][GPU_INDICES_ANNOTATION] == "0,1,2,3"
+    assert state.gpu_indices_of(NS, pod["metadata"]["name"]) == [0, 1, 2, 3]
 
 
 # --- eviction preconditions ------------------------------------------------------------------------
