@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, NotFoundError
@@ -73,8 +73,8 @@ class AuditLog:
         *,
         incident: str | None = None,
         gpu: str | None = None,
-        before: dict[str, Any] | None = None,
-        after: dict[str, Any] | None = None,
+        before: Mapping[str, Any] | None = None,
+        after: Mapping[str, Any] | None = None,
         event_id: str | None = None,
         job: str | None = None,
         fingerprint: str | None = None,
@@ -91,7 +91,7 @@ class AuditLog:
                     "version": 1, "seq": head.chain_seq + 1, "time": self._clock().isoformat(),
                     "incident": incident, "node": node or "_cluster", "gpu": gpu,
                     "actor": actor or self.actor, "what": what, "why": why,
-                    "before": before or {}, "after": after or {}, "trace_id": trace_id,
+                    "before": dict(before or {}), "after": dict(after or {}), "trace_id": trace_id,
                     "event_id": event_id, "job": job, "fingerprint": fingerprint,
                     "prev_hash": head.hash,
                 }
@@ -121,6 +121,69 @@ class AuditLog:
         """An appender whose every record carries ``context`` (incident, node, GPU, event, job, fingerprint,
         trace)."""
         return IncidentAudit(self, context)
+
+
+# --- typed record bodies ----------------------------------------------------------------------------
+#
+# The ``after`` of the records whose content other code reads (``remediator.metrics``, drills, the audit
+# view): one shape per kind, defined here and nowhere else. Producers build them with the functions below
+# (or, for guard verdicts, ``GuardVerdict.to_json``); readers read these keys and never parse ``why``.
+
+
+class DecisionAfter(TypedDict):
+    """``decision`` written by dispatch when a handler decides (the executor's receipt has no ``handler``)."""
+
+    playbook: str
+    handler: str
+    group: str
+    evidence: list[dict[str, Any]]
+
+
+class RunReceivedAfter(TypedDict):
+    """``decision`` written by the executor when it takes (or resumes) a decision's run."""
+
+    playbook: str
+    resumed: bool
+
+
+class GuardVerdictAfter(TypedDict):
+    """``guard_verdict``: one guard's answer (``GuardVerdict.to_json``); ``step`` for an approval gate."""
+
+    guard: str
+    allowed: bool
+    reason: str
+    effect: str
+    step: NotRequired[str]
+
+
+class StepAfter(TypedDict):
+    """``step_started``/``step_succeeded``/``step_failed``/``step_skipped``: the step's key in the playbook
+    (``drain``, ``reset_gpu#2``), besides whatever state the step reports; the result is the record's kind."""
+
+    step: str
+
+
+class PlaybookFinishedAfter(TypedDict):
+    """``playbook_finished``: which playbook ended how (``completed``, ``escalated``, ``rolled-back``,
+    ``cancelled``, ``dry-run``, ``blocked``), with each step's ``key:status``."""
+
+    playbook: str
+    outcome: str
+    steps: list[str]
+
+
+def decision_after(decision: Decision) -> DecisionAfter:
+    return {"playbook": decision.playbook, "handler": decision.handler, "group": decision.group,
+            "evidence": [e.model_dump(mode="json") for e in decision.evidence]}
+
+
+def step_after(step: str, reported: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A step record's ``after``: what the step ``reported`` (its after-state), with ``step`` set to its key."""
+    return {**(reported or {}), "step": step}
+
+
+def finished_after(playbook: str, outcome: str, steps: Iterable[str] = ()) -> PlaybookFinishedAfter:
+    return {"playbook": playbook, "outcome": outcome, "steps": list(steps)}
 
 
 # --- appending for one incident ----------------------------------------------------------------------
@@ -168,8 +231,8 @@ class IncidentAudit:
         ctx = self.context
         return IncidentAudit(self.log, replace(ctx, incident=incident, gpu=gpu or ctx.gpu, job=job or ctx.job))
 
-    async def append(self, what: AuditWhat, why: str = "", *, before: dict[str, Any] | None = None,
-                     after: dict[str, Any] | None = None, actor: str | None = None) -> AuditRecord:
+    async def append(self, what: AuditWhat, why: str = "", *, before: Mapping[str, Any] | None = None,
+                     after: Mapping[str, Any] | None = None, actor: str | None = None) -> AuditRecord:
         c = self.context
         return await self.log.append(c.node, what, why, incident=c.incident, gpu=c.gpu, before=before, after=after,
                                      event_id=c.event_id, job=c.job, fingerprint=c.fingerprint,

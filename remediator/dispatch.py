@@ -8,10 +8,16 @@ deliveries of the durable pull consumer ``dispatch`` on FAULTS, subscribed on fa
 Per message: parse the event → drop it if its id is already in the history (a replay older than the
 JetStream duplicate window) → audit ``event_accepted`` → for each matching handler, ``decide`` over the
 history (pure, injected clock) inside a CAS update → store the decision under ``decision.<incident>`` →
-publish it with ``Nats-Msg-Id: decision|<incident>`` → audit the verdict → ack. A crash anywhere in between
-redelivers the message; the history then already holds the event, and an incident this event opened has its
-decision re-published under the same id, which JetStream drops if it already arrived. So every decision is
-published at least once and acted on at most once.
+publish it with ``Nats-Msg-Id: decision|<incident>`` and the trace's ``traceparent`` → audit the verdict → ack.
+A crash anywhere in between redelivers the message; the history then already holds the event, and an
+incident this event opened has its decision re-published under the same id, which JetStream drops if it
+already arrived. So every decision is published at least once and acted on at most once.
+
+Provenance is data: each decision carries the event's ``origin`` plus the ``history_key`` it was decided
+over, and its ``job`` from ``contracts.resolve_job`` when the handler named none. Every record written here
+goes through one ``IncidentAudit`` bound to the event (``AuditContext.of_event``: node, GPU, event id, job,
+alert fingerprint, trace id), re-bound to the incident once a verdict names one, so the records of an
+incident agree on all of them by construction.
 
 Messages of one node are handled in order; different nodes run concurrently (``remediator.consumers`` says how).
 """
@@ -19,11 +25,11 @@ Messages of one node are handled in order; different nodes run concurrently (``r
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -32,11 +38,11 @@ from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
-from handlers.base import REGISTRY, HandlerRegistry, HandlerSpec, Verdict, incident_id_for
+from handlers.base import HandlerRegistry, HandlerSpec, Verdict, incident_id_for
 from remediator import consumers
-from remediator.audit import AuditLog
+from remediator.audit import AuditContext, AuditLog, IncidentAudit, decision_after
 from remediator.bus import PermanentError, dead_letter_publisher, settle
-from remediator.contracts import Decision, FaultEvent, utcnow
+from remediator.contracts import Decision, FaultEvent, resolve_job, utcnow
 from remediator.settings import Settings
 from remediator.state import StateConflict, StateStore
 from remediator.subjects import (
@@ -52,7 +58,7 @@ log = logging.getLogger(__name__)
 DISPATCH_DURABLE = "dispatch"
 
 
-def history_key(spec: HandlerSpec, event: FaultEvent) -> str:
+def history_key(spec: HandlerSpec[Any], event: FaultEvent) -> str:
     """KV key of the history a handler decides over: the event's node unless the handler says otherwise."""
     keyfn: Callable[[FaultEvent], str] | None = getattr(spec, "history_key", None)
     return keyfn(event) if keyfn is not None else node_key(event.node)
@@ -62,10 +68,12 @@ def decision_key(incident_id: str) -> str:
     return f"decision.{incident_id}"
 
 
-def job_of(event: FaultEvent) -> str | None:
-    labels = event.labels
-    return (labels.get("job") or labels.get("training.kubeflow.org/job-name") or labels.get("job-name")
-            or labels.get("job_name") or None)
+def with_provenance(decision: Decision, event: FaultEvent, key: str) -> Decision:
+    """``decision`` carrying ``event``'s origin and the history key it was decided over, and the event's
+    job (``resolve_job``) when the handler named none."""
+    origin = event.origin.model_copy(update={"history_key": key})
+    job = decision.job or resolve_job(event.origin, event.labels)
+    return decision.model_copy(update={"origin": origin, "job": job})
 
 
 @dataclass
@@ -84,8 +92,7 @@ class Dispatcher:
     ``run`` consumes until stopped."""
 
     def __init__(self, nc: NATS, js: JetStreamContext, state_kv: KeyValue, settings: Settings, audit: AuditLog,
-                 registry: HandlerRegistry = REGISTRY, clock: Callable[[], datetime] = utcnow,
-                 batch: int = 128) -> None:
+                 registry: HandlerRegistry, clock: Callable[[], datetime] = utcnow, batch: int = 128) -> None:
         self._nc = nc
         self._js = js
         self._kv = state_kv
@@ -100,19 +107,21 @@ class Dispatcher:
 
     @classmethod
     async def create(cls, nc: NATS, js: JetStreamContext, settings: Settings, audit: AuditLog,
-                     **kw: object) -> Dispatcher:
+                     registry: HandlerRegistry, **kw: Any) -> Dispatcher:
         kv = await js.key_value(STATE_BUCKET)
-        return cls(nc, js, kv, settings, audit, **kw)  # type: ignore[arg-type]
+        return cls(nc, js, kv, settings, audit, registry, **kw)
 
     # --- one event ----------------------------------------------------------------------------------
 
     async def handle(self, event: FaultEvent, trace_id: str | None = None,
                      traceparent: str | None = None) -> list[Decision]:
-        """Decide on one event; returns the decisions published (re-published ones included)."""
+        """Decide on one event; returns the decisions published (re-published ones included).
+
+        ``trace_id`` is stamped on every audit record, ``traceparent`` sent with every decision published.
+        """
         self.stats.events += 1
         specs = self._registry.for_event(event)
-        audit = functools.partial(self._audit.append, trace_id=trace_id, event_id=event.id)
-        gpu_key = event.gpu.key if event.gpu else None
+        audit = self._audit.bind(AuditContext.of_event(event, trace_id))
         published: list[Decision] = []
         accepted = False
         duplicate_for = 0
@@ -121,40 +130,41 @@ class Dispatcher:
             verdict = await self._decide(spec, key, event)
             if verdict is None:  # seen before: a redelivery, or a replay past the duplicate window
                 duplicate_for += 1
-                published += await self._republish_opened(key, event)
+                published += await self._republish_opened(key, event, traceparent)
                 continue
             if not accepted:
                 accepted = True
-                await audit(event.node, "event_accepted", f"{event.kind} {event.code} from {event.source}",
-                            gpu=gpu_key, job=job_of(event), fingerprint=event.labels.get("fingerprint"),
-                            after={"message": event.message[:500]})
+                await audit.append("event_accepted", f"{event.kind} {event.code} from {event.source}",
+                                   after={"message": event.message[:500]})
             self.stats.by_handler[spec.name] = self.stats.by_handler.get(spec.name, 0) + 1
-            decision = verdict.decision
-            if decision is not None:
-                self.stats.decisions += 1
-                await self._publish_decision(decision, traceparent)
-                published.append(decision)
-                await audit(decision.node, "decision", decision.reason, incident=decision.incident_id,
-                            gpu=decision.gpu.key if decision.gpu else None, job=decision.job,
-                            after={"playbook": decision.playbook, "group": decision.group,
-                                   "handler": decision.handler,
-                                   "evidence": [e.model_dump(mode="json") for e in decision.evidence]})
-            elif verdict.updated_incident is not None:
-                self.stats.updated += 1
-                await audit(event.node, "incident_updated", verdict.reason, incident=verdict.updated_incident,
-                            gpu=gpu_key, job=job_of(event))
-            else:
-                self.stats.no_action += 1
-                await audit(event.node, "event_ignored", verdict.reason, gpu=gpu_key, job=job_of(event))
+            await self._record(audit, verdict, traceparent, published)
         if not specs:
-            await audit(event.node, "event_ignored", f"no handler for kind {event.kind}")
+            await audit.append("event_ignored", f"no handler for kind {event.kind}")
         elif duplicate_for == len(specs):
             self.stats.duplicates += 1
             if not published:
-                await audit(event.node, "duplicate_ignored", "event id already in the node's history")
+                await audit.append("duplicate_ignored", "event id already in the node's history")
         return published
 
-    async def _decide(self, spec: HandlerSpec, key: str, event: FaultEvent) -> Verdict | None:
+    async def _record(self, audit: IncidentAudit, verdict: Verdict, traceparent: str | None,
+                      published: list[Decision]) -> None:
+        """Publish the verdict's decision, if any, and audit the verdict on the incident it names."""
+        decision = verdict.decision
+        if decision is not None:
+            self.stats.decisions += 1
+            await self._publish_decision(decision, traceparent)
+            published.append(decision)
+            on = audit.for_incident(decision.incident_id, gpu=decision.gpu.key if decision.gpu else None,
+                                    job=decision.job)
+            await on.append("decision", decision.reason, after=decision_after(decision))
+        elif verdict.updated_incident is not None:
+            self.stats.updated += 1
+            await audit.for_incident(verdict.updated_incident).append("incident_updated", verdict.reason)
+        else:
+            self.stats.no_action += 1
+            await audit.append("event_ignored", verdict.reason)
+
+    async def _decide(self, spec: HandlerSpec[Any], key: str, event: FaultEvent) -> Verdict | None:
         """The handler's verdict, with the history written back by compare-and-set (None: a duplicate).
 
         A decision is stored under ``decision.<incident>`` *before* the history that says it was made, so a
@@ -165,8 +175,10 @@ class Dispatcher:
             history, revision = await self._state.get(key)
             if any(s.event_id == event.id for s in history.sightings):
                 return None
-            verdict = spec.decide(event, history, self._clock())
+            verdict = spec.decide(event, history, self._clock(), spec.policy)
             if verdict.decision is not None:
+                verdict = replace(verdict, decision=with_provenance(verdict.decision, event, key))
+                assert verdict.decision is not None
                 await self._store_decision(verdict.decision)
             if verdict.history == history or await self._state.compare_and_set(key, verdict.history, revision):
                 return verdict
@@ -182,7 +194,7 @@ class Dispatcher:
         await self._js.publish(remediation_subject(decision.node), decision.model_dump_json().encode(),
                                headers=headers)
 
-    async def _republish_opened(self, key: str, event: FaultEvent) -> list[Decision]:
+    async def _republish_opened(self, key: str, event: FaultEvent, traceparent: str | None) -> list[Decision]:
         """A redelivered event: re-publish the decisions of incidents it opened (JetStream drops repeats)."""
         history, _ = await self._state.get(key)
         out = []
@@ -196,7 +208,7 @@ class Dispatcher:
                 continue
             assert entry.value is not None
             decision = Decision.model_validate_json(entry.value)
-            await self._publish_decision(decision)
+            await self._publish_decision(decision, traceparent)
             out.append(decision)
         return out
 
@@ -235,4 +247,4 @@ class Dispatcher:
         await consumers.run_until(broker, self._js, (consumers.DISPATCH,), stop)
 
 
-__all__ = ["DISPATCH_DURABLE", "DispatchStats", "Dispatcher", "history_key"]
+__all__ = ["DISPATCH_DURABLE", "DispatchStats", "Dispatcher", "history_key", "with_provenance"]

@@ -5,6 +5,12 @@ counters sprinkled through dispatch and the executor, ``ServiceMetrics.observe``
 replica appends and keeps the Prometheus series: decisions by playbook, guard blocks by guard, steps by
 result, playbook outcomes, breaker state, runs in progress, and the time from a decision to its first
 action. The ingest app serves them on ``/metrics`` next to its own request counters.
+
+Only typed fields are read: the record's kind (``what``), ``incident``, ``time`` and the ``after`` shapes
+defined in ``remediator.audit`` (``DecisionAfter``, ``GuardVerdictAfter``, ``StepAfter``,
+``PlaybookFinishedAfter``); never the prose in ``why``. A step record without ``step`` is the step its
+incident's last ``step_started`` named (steps of one run are sequential), and a ``playbook_finished``
+without ``playbook`` is the playbook the incident's ``decision`` named.
 """
 
 from __future__ import annotations
@@ -12,10 +18,12 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from datetime import datetime
+from typing import TypeVar
 
 from remediator.contracts import AuditRecord
 
 _Labels = tuple[tuple[str, str], ...]
+_V = TypeVar("_V")
 
 
 def _fmt(labels: _Labels) -> str:
@@ -45,7 +53,10 @@ class ServiceMetrics:
         self._lock = threading.Lock()
         self._counters: dict[tuple[str, _Labels], float] = {}
         self._gauges: dict[str, float] = {"remediator_breaker_open": 0.0, "remediator_runs_in_progress": 0.0}
+        # per incident, bounded: when it was decided, its playbook, the step running now
         self._decided_at: OrderedDict[str, datetime] = OrderedDict()
+        self._playbook_of: OrderedDict[str, str] = OrderedDict()
+        self._step_of: OrderedDict[str, str] = OrderedDict()
         self._running: set[str] = set()
         self._latency_sum = 0.0
         self._latency_count = 0
@@ -56,38 +67,51 @@ class ServiceMetrics:
 
     def observe(self, r: AuditRecord) -> None:
         """Account for one audit record (an ``AuditLog`` observer)."""
+        after = r.after
         with self._lock:
             self._inc("remediator_audit_records_total", (("what", r.what),))
-            if r.what == "decision" and "handler" in r.after:  # the dispatcher's, not the executor's receipt
-                self._inc("remediator_decisions_total", (("playbook", str(r.after.get("playbook"))),))
+            if r.what == "decision":
+                playbook = str(after.get("playbook"))
                 if r.incident:
-                    self._decided_at[r.incident] = r.time
-                    while len(self._decided_at) > self._pending_limit:
-                        self._decided_at.popitem(last=False)
-            elif r.what == "guard_verdict" and r.after.get("allowed") is False:
-                self._inc("remediator_guard_blocks_total", (("guard", str(r.after.get("name"))),))
-            elif r.what in ("step_started",) and r.incident:
+                    self._remember(self._playbook_of, r.incident, playbook)
+                if "handler" in after:  # the dispatcher's decision, not the executor's receipt
+                    self._inc("remediator_decisions_total", (("playbook", playbook),))
+                    if r.incident:
+                        self._remember(self._decided_at, r.incident, r.time)
+            elif r.what == "guard_verdict" and after.get("allowed") is False:
+                self._inc("remediator_guard_blocks_total", (("guard", str(after.get("guard"))),))
+            elif r.what == "step_started" and r.incident:
                 self._running.add(r.incident)
+                self._remember(self._step_of, r.incident, str(after.get("step")))
             elif r.what in ("step_succeeded", "step_failed", "step_skipped"):
-                step = r.why.split(":", 1)[0]
-                self._inc("remediator_steps_total", (("step", step), ("result", r.what.removeprefix("step_"))))
+                step = after.get("step") or (self._step_of.get(r.incident) if r.incident else None)
+                self._inc("remediator_steps_total",
+                          (("step", str(step or "unknown")), ("result", r.what.removeprefix("step_"))))
                 decided = self._decided_at.pop(r.incident, None) if r.incident and r.what == "step_succeeded" \
                     else None
                 if decided is not None:
                     self._latency_sum += max(0.0, (r.time - decided).total_seconds())
                     self._latency_count += 1
             elif r.what == "playbook_finished":
-                playbook = r.why.split(":", 1)[0]
-                outcome = str(r.after.get("outcome", "unknown"))
-                self._inc("remediator_playbook_runs_total", (("playbook", playbook), ("outcome", outcome)))
+                ran = after.get("playbook") or (self._playbook_of.get(r.incident) if r.incident else None)
+                outcome = str(after.get("outcome", "unknown"))
+                self._inc("remediator_playbook_runs_total",
+                          (("playbook", str(ran or "unknown")), ("outcome", outcome)))
                 if r.incident:
                     self._running.discard(r.incident)
-                    self._decided_at.pop(r.incident, None)
+                    for pending in (self._decided_at, self._playbook_of, self._step_of):
+                        pending.pop(r.incident, None)
             elif r.what == "breaker_trip":
                 self._gauges["remediator_breaker_open"] = 1.0
             elif r.what == "breaker_reset":
                 self._gauges["remediator_breaker_open"] = 0.0
             self._gauges["remediator_runs_in_progress"] = float(len(self._running))
+
+    def _remember(self, table: OrderedDict[str, _V], incident: str, value: _V) -> None:
+        table[incident] = value
+        table.move_to_end(incident)
+        while len(table) > self._pending_limit:
+            table.popitem(last=False)
 
     def render(self) -> bytes:
         with self._lock:

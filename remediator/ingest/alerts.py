@@ -12,6 +12,10 @@ a fraction only when there is one, at most microseconds, ``Z``). Canonical rathe
 the two members of an Alertmanager HA pair, or a proxy that re-serialises the payload, produce the same id
 for the same alert; Go's nanosecond digits beyond the microsecond cannot distinguish two real alerts with
 one fingerprint.
+
+The event's ``origin`` is set here, once: the alert's ``fingerprint`` (the Alertmanager id space is
+ingest's alone) and the workload's ``pod``/``namespace``/``container`` from dcgm-exporter's Kubernetes
+mapping. Nothing downstream parses the fingerprint back out of the id.
 """
 
 from __future__ import annotations
@@ -23,11 +27,12 @@ from datetime import UTC, datetime
 from pydantic import ValidationError
 
 from handlers.signatures import gpu_from_alert_labels, node_from_alert_labels, signal_from_alert
-from remediator.contracts import KINDS, AlertmanagerAlert, FaultEvent, GpuRef
+from remediator.contracts import KINDS, AlertmanagerAlert, FaultEvent, GpuRef, Origin
 
 log = logging.getLogger(__name__)
 
-__all__ = ["NODE_LABELS", "AlertError", "alert_event_id", "alert_to_event", "canonical_time", "event_labels"]
+__all__ = ["NODE_LABELS", "AlertError", "alert_event_id", "alert_origin", "alert_to_event", "canonical_time",
+           "event_labels"]
 
 # Where the node name may come from, in order (DESIGN.md §5). ``instance`` is the exporter's address.
 NODE_LABELS = ("node", "Hostname", "hostname")
@@ -101,6 +106,23 @@ def event_labels(alert_labels: dict[str, str]) -> dict[str, str]:
     return labels
 
 
+def alert_origin(alert: AlertmanagerAlert, labels: dict[str, str]) -> Origin:
+    """The event's provenance: the alert's fingerprint, and the workload's pod, namespace and container from
+    dcgm-exporter's Kubernetes mapping as ``event_labels`` resolved it (``exported_*`` first). The job is
+    left to the resolver (``contracts.resolve_job``): an alert knows no owner reference.
+    """
+    workload = {k: labels[k] for k in ("pod", "namespace", "container") if labels.get(k)}
+    try:
+        return Origin(fingerprint=alert.fingerprint, **workload)
+    except ValidationError as e:
+        err = e.errors()[0]
+        name = str(err["loc"][0])
+        if name == "fingerprint":
+            raise AlertError("fingerprint", err["msg"]) from None
+        label = f"exported_{name}" if alert.labels.get(f"exported_{name}") else name
+        raise AlertError(f"labels.{label}", err["msg"]) from None
+
+
 def alert_to_event(alert: AlertmanagerAlert, received_at: datetime) -> FaultEvent | None:
     """The ``FaultEvent`` for ``alert``, or None when it carries no GPU fault signal (ingest ignores it).
 
@@ -132,6 +154,8 @@ def alert_to_event(alert: AlertmanagerAlert, received_at: datetime) -> FaultEven
         observed = ends if ends is not None and ends.year > 1 else received_at
     code: int | str | None = signal.xid if signal.kind in ("xid", "sxid") and signal.xid is not None \
         else signal.code
+    labels = event_labels(alert.labels)
+    origin = alert_origin(alert, labels)
     try:
         return FaultEvent(
             id=alert_event_id(alert.fingerprint, alert.status, alert.startsAt),
@@ -145,7 +169,8 @@ def alert_to_event(alert: AlertmanagerAlert, received_at: datetime) -> FaultEven
             message=_message(alert),
             observed_at=observed,
             received_at=received_at,
-            labels=event_labels(alert.labels),
+            labels=labels,
+            origin=origin,
             recommended_action=signal.action,
         )
     except ValidationError as e:

@@ -47,7 +47,7 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 from pydantic import TypeAdapter, ValidationError
 
-from remediator.audit import AuditLog
+from remediator.audit import AuditContext, AuditLog
 from remediator.bus import bus_ready, publish_event
 from remediator.contracts import AlertmanagerAlert, AlertmanagerPayload, FaultEvent, InboundEvent, utcnow
 from remediator.ingest.alerts import AlertError, alert_event_id, alert_to_event
@@ -66,6 +66,11 @@ _RESULTS = ("accepted", "duplicate", "ignored", "rejected", "unavailable")
 _ENDPOINTS = ("alertmanager", "events")
 _QUANTILES = (0.5, 0.9, 0.99)
 _JSON = "application/json"
+# Origin fields no producer on /v1/events may set: whose id space they are.
+_NOT_A_PRODUCERS = {
+    "fingerprint": "an Alertmanager fingerprint is set by /v1/alertmanager only (its id space is ingest's)",
+    "history_key": "the history key is set by dispatch on a decision, never on an event",
+}
 
 
 class _Reject(Exception):
@@ -148,13 +153,6 @@ def _invalid(e: ValidationError, prefix: str = "") -> _Reject:
     listed = [{"field": _field(err["loc"], prefix), "message": err["msg"]} for err in errs[:20]]
     first = listed[0]
     return _Reject(422, f"{first['field']}: {first['message']}", field=first["field"], errors=listed)
-
-
-def _fingerprint(event: FaultEvent) -> str | None:
-    """The Alertmanager fingerprint inside an ``alertmanager|<fingerprint>|...`` id, else None."""
-    if event.id.startswith("alertmanager|"):
-        return event.id.split("|", 2)[1] or None
-    return None
 
 
 class _Ingest:
@@ -285,10 +283,15 @@ class _Ingest:
             received = utcnow()
             events: list[FaultEvent] = []
             for i, item in enumerate(inbound):
+                for owned in _NOT_A_PRODUCERS:
+                    if (item.origin or {}).get(owned) is not None:
+                        field = f"events[{i}].origin.{owned}"
+                        raise _Reject(422, f"{field}: {_NOT_A_PRODUCERS[owned]}", field=field,
+                                      events=len(inbound))
                 try:
                     events.append(item.to_event(received))
                 except ValidationError as e:
-                    inner = "gpu." if e.title == "GpuRef" else ""
+                    inner = {"GpuRef": "gpu.", "Origin": "origin."}.get(e.title, "")
                     err = e.errors(include_url=False)[0]
                     field = _field(err["loc"], f"events[{i}].{inner}".rstrip("."))
                     raise _Reject(422, f"{field}: {err['msg']}", field=field, events=len(inbound)) from None
@@ -362,10 +365,8 @@ class _Ingest:
         audit = self.audit
         writes: list[Awaitable[Any]] = []
         for ev in duplicates:
-            writes.append(audit.append(
-                ev.node, "duplicate_ignored", f"{ev.id} is already on FAULTS (JetStream duplicate window)",
-                gpu=ev.gpu.key if ev.gpu else None, event_id=ev.id, trace_id=trace_id,
-                fingerprint=_fingerprint(ev)))
+            writes.append(audit.bind(AuditContext.of_event(ev, trace_id)).append(
+                "duplicate_ignored", f"{ev.id} is already on FAULTS (JetStream duplicate window)"))
         for alert in ignored:
             event_id = alert_event_id(alert.fingerprint, alert.status, alert.startsAt)
             if event_id in self._ignored_seen:

@@ -7,11 +7,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-import handlers  # noqa: F401 - registers the handler families
-from handlers.base import REGISTRY
+from handlers.registry import default_registry
 from remediator import bus
 from remediator.audit import AuditLog, iter_records
-from remediator.contracts import Decision, FaultEvent, GpuRef
+from remediator.contracts import Decision, FaultEvent, GpuRef, Origin
 from remediator.dispatch import Dispatcher
 from remediator.natsd import EmbeddedNats
 from remediator.settings import Settings
@@ -21,10 +20,12 @@ T0 = datetime(2026, 3, 1, 3, 12, tzinfo=UTC)
 UUID = "GPU-0b1e5e5e-0000-4000-8000-000000000001"
 
 
-def xid(node: str, code: int, eid: str, *, job: str | None = None, gpu: int = 0) -> FaultEvent:
+def xid(node: str, code: int, eid: str, *, job: str | None = None, gpu: int = 0,
+        labels: dict[str, str] | None = None, origin: Origin | None = None) -> FaultEvent:
     return FaultEvent(id=eid, source="agent", node=node, kind="xid", code=code,
                       gpu=GpuRef(index=gpu, uuid=f"{UUID[:-1]}{gpu}", pci_bus_id=f"0000:{0x10 + gpu:02x}:00.0"),
-                      observed_at=T0, received_at=T0, labels={"job": job} if job else {},
+                      observed_at=T0, received_at=T0, origin=origin or Origin(),
+                      labels=labels or ({"batch.kubernetes.io/job-name": job} if job else {}),
                       message=f"NVRM: Xid (PCI:0000:{0x10 + gpu:02x}:00): {code}, ...")
 
 
@@ -41,7 +42,7 @@ async def _setup(server: EmbeddedNats, clock: Clock):  # type: ignore[no-untyped
     nc, js = await bus.connect(server.url)
     await bus.provision(js, settings)
     audit = AuditLog(js, "test", clock=clock)
-    d = await Dispatcher.create(nc, js, settings, audit, registry=REGISTRY, clock=clock)
+    d = await Dispatcher.create(nc, js, settings, audit, registry=default_registry(), clock=clock)
     return nc, js, d
 
 
@@ -153,10 +154,50 @@ async def test_two_replicas_racing_on_one_node_open_one_incident(nats_server: Em
     clock = Clock()
     nc, js, a = await _setup(nats_server, clock)
     b = await Dispatcher.create(nc, js, Settings(nats_url=nats_server.url), AuditLog(js, "replica-b", clock=clock),
-                                registry=REGISTRY, clock=clock)
+                                registry=default_registry(), clock=clock)
     for i in range(5):
         results = await asyncio.gather(a.handle(xid(f"gpu-node-{i}", 79, f"am-{i}")),
                                        b.handle(xid(f"gpu-node-{i}", 79, f"agent-{i}")))
         assert sum(len(r) for r in results) == 1, results
     assert [x.playbook for x in await _decisions(js)] == ["gpu-lost"] * 5
+    await nc.close()
+
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+async def test_every_dispatch_record_carries_the_events_provenance(nats_server: EmbeddedNats) -> None:
+    """Fingerprint, job, event id and trace travel as typed fields onto the decision and every record."""
+    clock = Clock()
+    nc, js, d = await _setup(nats_server, clock)
+    origin = Origin(fingerprint="3fa85f6457174562", pod="bert-worker-1", namespace="ml")
+    labels = {"training.kubeflow.org/job-name": "bert", "alertname": "GPUXidError"}
+    first = xid("gpu-node-6", 79, "alertmanager|3fa85f6457174562|firing|t0", labels=labels, origin=origin)
+    [decision] = await d.handle(first, trace_id=TRACE, traceparent=f"00-{TRACE}-00f067aa0ba902b7-01")
+    assert decision.origin == origin.model_copy(update={"history_key": "node.gpu-node-6"})
+    assert decision.job == "bert"  # resolve_job: the Kubeflow label, since the handler named none
+    again = xid("gpu-node-6", 79, "alertmanager|77aa00bb11cc22dd|firing|t1", labels=labels,
+                origin=origin.model_copy(update={"fingerprint": "77aa00bb11cc22dd"}))
+    assert await d.handle(again, trace_id=TRACE) == []  # folded into the open incident
+    everything = [r async for r in iter_records(js, "gpu-node-6")]
+    assert {(r.job, r.trace_id, r.gpu) for r in everything} == {("bert", TRACE, f"{UUID[:-1]}0")}
+    assert {(r.fingerprint, r.event_id) for r in everything} == {("3fa85f6457174562", first.id),
+                                                               ("77aa00bb11cc22dd", again.id)}
+    records = [r for r in everything if r.what != "event_ignored"]  # the NCCL handler records the Xid too
+    assert [(r.what, r.fingerprint, r.incident) for r in records] == [
+        ("event_accepted", "3fa85f6457174562", None), ("decision", "3fa85f6457174562", decision.incident_id),
+        ("event_accepted", "77aa00bb11cc22dd", None), ("incident_updated", "77aa00bb11cc22dd", decision.incident_id)]
+    stored = await js.get_msg(REMEDIATIONS_STREAM, 1)
+    assert stored.headers is not None and stored.headers["traceparent"].split("-")[1] == TRACE
+    assert Decision.model_validate_json(stored.data or b"").origin.fingerprint == "3fa85f6457174562"
+    await nc.close()
+
+
+async def test_a_decision_never_takes_the_pod_name_or_scrape_job_as_its_job(nats_server: EmbeddedNats) -> None:
+    clock = Clock()
+    nc, js, d = await _setup(nats_server, clock)
+    ev = xid("gpu-node-7", 79, "e-7", labels={"scrape_job": "dcgm-exporter"}, origin=Origin(pod="trainer-0-abcde"))
+    [decision] = await d.handle(ev)
+    assert decision.job is None
+    assert {r.job async for r in iter_records(js, "gpu-node-7")} == {None}
     await nc.close()

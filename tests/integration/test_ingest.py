@@ -354,6 +354,44 @@ async def test_events_endpoint_rejects_bad_events_whole(make_ingest: MakeIngest,
     assert await ing.stored() == []
 
 
+async def test_events_endpoint_carries_a_producers_origin(make_ingest: MakeIngest) -> None:
+    ing = await make_ingest()
+    origin = {"pod": "trainer-3", "namespace": "ml", "pod_uid": "0c8f9b1e-6a0e-4c5f-9d8e-1f2a3b4c5d6e",
+              "container": "pytorch", "job": "job-17", "a_future_field": "tolerated"}
+    r = await ing.post("/v1/events", [api_event(1, origin=origin)])
+    assert r.status_code == 200, r.text
+    (_, _, ev), = await ing.stored()
+    assert ev.origin.model_dump(exclude_none=True) == {k: v for k, v in origin.items() if k != "a_future_field"}
+
+
+@pytest.mark.parametrize("owned", ["fingerprint", "history_key"])
+async def test_events_endpoint_refuses_an_origin_a_producer_may_not_claim(make_ingest: MakeIngest,
+                                                                           owned: str) -> None:
+    ing = await make_ingest()
+    r = await ing.post("/v1/events", [api_event(1), api_event(2, origin={"pod": "p", owned: "3fa85f6457174562"})])
+    assert r.status_code == 422, r.text
+    assert r.json()["field"] == f"events[1].origin.{owned}"
+    assert await ing.stored() == []
+
+
+async def test_events_endpoint_names_an_origin_field_that_is_invalid(make_ingest: MakeIngest) -> None:
+    ing = await make_ingest()
+    r = await ing.post("/v1/events", [api_event(1, origin={"namespace": "n" * 64})])
+    assert r.status_code == 422, r.text
+    assert r.json()["field"] == "events[0].origin.namespace"
+
+
+async def test_a_duplicate_alert_is_audited_with_the_events_origin(make_ingest: MakeIngest) -> None:
+    ing = await make_ingest()
+    alert = gpu_alert(exported_pod="trainer-0", exported_namespace="ml")
+    alert["labels"]["training.kubeflow.org/job-name"] = "bert"
+    for _ in range(2):
+        await ing.post("/v1/alertmanager", payload(alert))
+    (dup,) = await ing.audit_records(NODE)
+    assert (dup.what, dup.fingerprint, dup.job, dup.gpu) == (
+        "duplicate_ignored", "3fa85f6457174562", "bert", "GPU-5a9e0ff4-1b2c-3d4e-5f60-718293a4b5c6")
+
+
 async def test_metrics_exposition(make_ingest: MakeIngest) -> None:
     ing = await make_ingest()
     await ing.post("/v1/alertmanager", payload(gpu_alert()))
