@@ -9,6 +9,10 @@ provisions the bus in development, and runs three concurrent parts until asked t
 The two consumers are faststream subscribers (``remediator.consumers``) on one ``NatsBroker``, started inside
 this event loop with a second connection of its own; ingest, the dispatcher's and executor's publishes, KV
 and the audit trail use the first.
+
+It is the composition root: the one place that turns ``Settings`` into parts. The handler registry is built
+here from the settings' ``handlers`` section (``configured_registry``: every family bound to its policy) and
+handed to the ``Dispatcher``; no part configures itself from a module global.
 """
 
 from __future__ import annotations
@@ -28,9 +32,8 @@ from faststream.nats import NatsBroker
 from nats.aio.client import Client as NATS
 from nats.js.client import JetStreamContext
 
-import handlers
-from handlers import xid as xid_handler
-from handlers.base import REGISTRY
+from handlers import HandlerPolicies, build_registry
+from handlers.base import HandlerRegistry
 from playbooks.catalog import PlaybookCatalog
 from remediator import bus, consumers, telemetry
 from remediator.adapters.agent import AgentClient
@@ -46,8 +49,6 @@ from remediator.settings import Settings
 
 log = logging.getLogger(__name__)
 
-assert handlers  # importing the package registers every handler in REGISTRY
-
 
 class _EmbeddedServer(uvicorn.Server):
     """uvicorn inside our event loop: signals belong to the process owner (``serve``), not to uvicorn."""
@@ -55,6 +56,11 @@ class _EmbeddedServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+
+def configured_registry(settings: Settings) -> HandlerRegistry:
+    """The handler registry ``settings`` ask for: every family bound to the policy of its thresholds."""
+    return build_registry(HandlerPolicies.from_settings(settings.handlers_view()))
 
 
 def default_actor() -> str:
@@ -73,6 +79,7 @@ class Service:
     nc: NATS | None = None
     js: JetStreamContext | None = None
     audit: AuditLog | None = None
+    registry: HandlerRegistry | None = None
     dispatcher: Dispatcher | None = None
     executor: Executor | None = None
     kube: KubeAdapter | None = None
@@ -104,9 +111,9 @@ class Service:
             await bus.provision(self.js, s)
         actor = s.replica_id or default_actor()
         telemetry.setup(otlp_endpoint=s.otlp_endpoint)  # spans recorded; exported only to a configured collector
-        xid_handler.configure(xid_handler.XidPolicy.from_settings(s.xid_app_window_s, s.xid_app_threshold))
+        self.registry = configured_registry(s)
         self.audit = AuditLog(self.js, actor, clock=self.clock, observers=[self.metrics.observe])
-        self.dispatcher = await Dispatcher.create(self.nc, self.js, s, self.audit, registry=REGISTRY,
+        self.dispatcher = await Dispatcher.create(self.nc, self.js, s, self.audit, registry=self.registry,
                                                   clock=self.clock)
         self.kube = KubeAdapter.from_settings(s)
         self.executor = Executor(self.nc, self.js, s, self.kube, self.audit, PlaybookCatalog.load(),
