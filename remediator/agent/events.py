@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Protocol
 
-from remediator.contracts import KINDS, FaultEvent, GpuRef, normalize_pci_bus_id, utcnow
+from remediator.contracts import KINDS, FaultEvent, GpuRef, Origin, normalize_pci_bus_id, utcnow
 
 Clock = Callable[[], datetime]
 
@@ -149,14 +149,18 @@ def detail_labels(detail: Mapping[str, object], keys: Sequence[str] | None = Non
 def make_event(*, event_id: str, node: str, kind: str, code: int | str | None, gpu: GpuRef | None,
                message: str, labels: Mapping[str, str], clock: Clock = utcnow, is_fatal: bool = False,
                is_healthy: bool = False, recommended_action: str | None = None,
-               observed_at: datetime | None = None) -> FaultEvent | None:
-    """A ``FaultEvent`` from the agent, or None when ``kind`` is not in the event vocabulary."""
+               observed_at: datetime | None = None, origin: Origin | None = None) -> FaultEvent | None:
+    """A ``FaultEvent`` from the agent, or None when ``kind`` is not in the event vocabulary.
+
+    ``origin``: the pod the agent saw the fault in (namespace, name, UID, container), when it knows one;
+    the agent never guesses the job (the service resolves it from the pod's owner reference).
+    """
     if kind not in KINDS:
         return None
     now = clock()
     return FaultEvent(
         id=event_id, source="agent", node=node, gpu=gpu, kind=kind,
         code=code, is_fatal=is_fatal, is_healthy=is_healthy, message=redact(message),
-        observed_at=observed_at or now, received_at=now, labels=dict(labels),
+        observed_at=observed_at or now, received_at=now, labels=dict(labels), origin=origin or Origin(),
         recommended_action=recommended_action,
     )

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from remediator.agent.events import Clock, make_event
 from remediator.agent.host import GpuIdentity, GpuSnapshot, PodView
-from remediator.contracts import FaultEvent, GpuRef, utcnow
+from remediator.contracts import FaultEvent, GpuRef, Origin, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +96,11 @@ class OrphanDetector:
                           "pod_uids": ",".join(sorted({o.pod_uid for o in found}))}
                 msg = (f"GPU {gid.index if gid else key}: {held} bytes held by pid(s) {plist} whose pod(s) "
                        f"no longer exist")
+                owners = {o.pod_uid for o in found}  # the pod(s) gone: an origin when there is one
+                origin = Origin(pod_uid=next(iter(owners))) if len(owners) == 1 else None
                 event = make_event(event_id=f"agent|{self.node}|{boot}|orphan|{key}|{plist}", node=self.node,
                                    kind="memory_leak", code="orphaned_memory", gpu=gpu, message=msg,
-                                   labels=labels, clock=self.clock)
+                                   labels=labels, clock=self.clock, origin=origin)
             else:
                 old = ",".join(str(p) for p in sorted(self._reported.get(key, frozenset())))
                 event = make_event(event_id=f"agent|{self.node}|{boot}|orphan-cleared|{key}|{old}",

@@ -7,7 +7,8 @@ by the kubelet is followed through ``follow.FileFollower``), parses the CRI form
 shared signature parsers over the messages. Each signal of kind ``nccl_timeout``, ``nccl_error``,
 ``cuda_error``, ``cuda_oom`` or ``job_failure`` becomes a ``FaultEvent`` with labels ``namespace``,
 ``pod``, ``pod_uid``, ``container``, ``job`` and ``rank`` and whatever the line itself said (``seq``,
-``op_type``, ``timeout_ms``, ``peer``, ...).
+``op_type``, ``timeout_ms``, ``peer``, ...). Its ``origin`` is the pod the log path names (namespace, pod,
+UID, container), which the agent knows for certain; the ``job`` label below is a guess and stays a label.
 
 Cost: a verbose job log is mostly lines that can carry no signal (``NCCL INFO`` chatter, progress lines).
 The chunk read from a file goes through the signature prefilter as one byte string
@@ -33,11 +34,13 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from handlers.signatures import anchored_lines, classify_line
 from remediator.agent.events import Clock, EventSink, detail_labels, make_event, submit_when_room
 from remediator.agent.follow import Chunk, FileFollower
 from remediator.agent.state import StateStore
-from remediator.contracts import FaultEvent, utcnow
+from remediator.contracts import FaultEvent, Origin, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +85,17 @@ def pod_labels(log_file: Path) -> dict[str, str] | None:
     return labels
 
 
+def pod_origin(labels: dict[str, str]) -> Origin:
+    """The origin of events from one container log: the pod its path names (never a job guessed from it)."""
+    return Origin(pod=labels["pod"], namespace=labels["namespace"], pod_uid=labels["pod_uid"],
+                  container=labels["container"])
+
+
 @dataclass(slots=True)
 class _Tracked:
     follower: FileFollower
     labels: dict[str, str]
+    origin: Origin
     partial: list[bytes] = field(default_factory=list)
     partial_start: int | None = None
     partial_file: str | None = None
@@ -161,7 +171,12 @@ class PodLogScanner:
         saved = self._saved.get(path)
         if isinstance(saved, dict):
             follower.restore(saved)
-        self._files[path] = _Tracked(follower, labels)
+        try:
+            origin = pod_origin(labels)
+        except ValidationError:  # not a name the kubelet writes; the labels still say what the path said
+            log.warning("%s: pod directory names no valid pod; its events carry no origin", path)
+            origin = Origin()
+        self._files[path] = _Tracked(follower, labels, origin)
 
     # --- scanning ------------------------------------------------------------------------------------
 
@@ -218,7 +233,7 @@ class PodLogScanner:
             event_id=f"agent|{self.node}|pod|{lb['pod_uid']}|{lb['container']}|{chunk.file_id}@{offset}",
             node=self.node, kind=sig.kind, code=sig.code if not isinstance(sig.code, bool) else str(sig.code),
             gpu=None, message=text, labels=labels, clock=self.clock, is_fatal=sig.is_fatal,
-            recommended_action=sig.action)
+            recommended_action=sig.action, origin=tracked.origin)
         if event is not None:
             out.append(event)
 

@@ -132,3 +132,10 @@ def test_orphan_detector_confirms_then_reports_once_then_clears(sim: SimGpuNode)
     sim.remove_process(555)
     (kind, healthy, labels), = check()
     assert (kind, healthy) == ("memory_leak", True)
+
+
+def test_an_orphan_event_names_the_pod_that_owned_the_memory(sim: SimGpuNode) -> None:
+    det = OrphanDetector(sim, node="node-a", boot_id=lambda: "boot-1", clock=lambda: NOW, confirmations=1)
+    gone = sim.orphan(1, 555, 3 * GIB)
+    (event,) = det.check([sim.snapshot(i) for i in range(2)])
+    assert event.origin.pod_uid == gone and event.labels["pod_uids"] == gone

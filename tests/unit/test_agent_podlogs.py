@@ -10,6 +10,7 @@ import pytest
 
 from remediator.agent.podlogs import PodLogScanner, job_and_rank_from_pod, pod_labels
 from remediator.agent.state import StateStore
+from remediator.contracts import Origin
 
 NOW = datetime(2025, 1, 1, tzinfo=UTC)
 UID = "5f2c9a10-1111-2222-3333-444444444444"
@@ -77,6 +78,8 @@ def test_nccl_timeout_carries_pod_and_the_rank_the_line_names(tmp_path: Path) ->
     assert t.labels["pod"] == "llama-worker-2" and t.labels["namespace"] == "ml" and t.labels["container"] == "trainer"
     assert t.labels["rank"] == "3" and t.labels["job"] == "llama" and t.labels["seq"] == "182"
     assert t.labels["pod_uid"] == UID
+    # the pod the path names is typed provenance; the job guessed from its name is not
+    assert t.origin == Origin(pod="llama-worker-2", namespace="ml", pod_uid=UID, container="trainer")
     offset = len(cri("step 100 loss 2.3", stream="stdout").encode())
     assert t.id.startswith(f"agent|node-a|pod|{UID}|trainer|") and t.id.endswith(f"@{offset}")
     assert s.scan_once() == []
