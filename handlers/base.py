@@ -2,20 +2,22 @@
 
 Where it sits: dispatch reads a node's ``History`` from KV, calls ``decide`` of every handler whose
 ``matches`` accepts the event, publishes the ``Decision`` (if any) to REMEDIATIONS and writes the new
-``History`` back with compare-and-set. Handlers never see NATS, Kubernetes or the wall clock.
+``History`` back with compare-and-set. Handlers never see NATS, Kubernetes, the settings or the wall clock.
 
-Register a handler with ``@handler(name, kinds=...)``; the decorator validates the signature and returns
-the function unchanged, so it stays directly testable.
+A handler module declares itself with a ``HandlerDefinition`` (name, kinds, ``decide`` and the policy type;
+the signature is checked when it is made) and keeps ``decide`` a plain function, directly testable with any
+policy. Nothing registers at import: ``handlers.build_registry(policies)`` binds every definition to its
+policy (``HandlerDefinition.bind``) into a ``HandlerRegistry``, so the policy travels with the registration.
 """
 
 from __future__ import annotations
 
 import hashlib
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from remediator.contracts import Decision, FaultEvent
 
@@ -112,62 +114,83 @@ class Verdict:
     updated_incident: str | None = None
 
 
-DecideFn = Callable[[FaultEvent, History, datetime], Verdict]
+P = TypeVar("P")
 
+DecideFn = Callable[[FaultEvent, History, datetime, P], Verdict]
+"""``decide(event, history, now, policy) -> Verdict``: pure; ``now`` is the only clock, ``policy`` the only
+configuration."""
 
 HistoryKeyFn = Callable[[FaultEvent], str]
 
+_DECIDE_PARAMS = ("event", "history", "now", "policy")
+
 
 @dataclass(frozen=True)
-class HandlerSpec:
-    """A registered handler. ``history_key`` names the KV key of the history it decides over; None means the
-    event's node (``node.<node>``), the default for every handler whose state is per node."""
+class HandlerDefinition(Generic[P]):
+    """What a handler module declares: its name, the kinds it takes, its pure ``decide`` and the type of the
+    policy ``decide`` takes. Declaring registers nothing; ``bind`` pairs it with a policy.
+
+    ``history_key`` keys the history by something other than the node (None: ``node.<node>``), e.g. a job
+    for handlers that correlate across nodes. ``matches`` narrows ``kinds`` further (None: every event of
+    those kinds). The signature of ``decide`` is checked when the definition is made.
+    """
 
     name: str
     kinds: frozenset[str]
-    decide: DecideFn
+    decide: DecideFn[P]
+    policy_type: type[P]
+    matches: Callable[[FaultEvent], bool] | None = None
+    history_key: HistoryKeyFn | None = None
+
+    def __post_init__(self) -> None:
+        params = tuple(inspect.signature(self.decide).parameters)
+        if params != _DECIDE_PARAMS:
+            raise TypeError(f"handler {self.name!r}: decide must take {_DECIDE_PARAMS}, not {params}")
+
+    def bind(self, policy: P) -> HandlerSpec[P]:
+        """The registrable handler: this definition with ``policy``, which every ``decide`` call receives."""
+        if not isinstance(policy, self.policy_type):
+            raise TypeError(f"handler {self.name!r} takes a {self.policy_type.__name__}, "
+                            f"not {type(policy).__name__}")
+        return HandlerSpec(self.name, self.kinds, self.decide, self.matches or _every_event, policy,
+                           self.history_key)
+
+
+def _every_event(_event: FaultEvent) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class HandlerSpec(Generic[P]):
+    """A registered handler: its definition bound to the policy it decides under.
+
+    Dispatch calls ``spec.decide(event, history, now, spec.policy)``. ``history_key`` names the KV key of the
+    history it decides over; None means the event's node (``node.<node>``), the default for every handler
+    whose state is per node.
+    """
+
+    name: str
+    kinds: frozenset[str]
+    decide: DecideFn[P]
     matches: Callable[[FaultEvent], bool]
+    policy: P
     history_key: HistoryKeyFn | None = None
 
 
 @dataclass
 class HandlerRegistry:
-    """Injectable registry of handlers; the module-level ``REGISTRY`` is the default one."""
+    """Injectable registry of handlers, built by ``handlers.build_registry`` from the policies (the service
+    from its settings, tests and tools with ``handlers.default_registry()``); no registry exists at import."""
 
-    specs: dict[str, HandlerSpec] = field(default_factory=dict)
+    specs: dict[str, HandlerSpec[Any]] = field(default_factory=dict)
 
-    def register(self, spec: HandlerSpec) -> None:
+    def register(self, spec: HandlerSpec[Any]) -> None:
         if spec.name in self.specs:
             raise ValueError(f"handler {spec.name!r} registered twice")
         self.specs[spec.name] = spec
 
-    def for_event(self, event: FaultEvent) -> list[HandlerSpec]:
+    def for_event(self, event: FaultEvent) -> list[HandlerSpec[Any]]:
         return [s for s in self.specs.values() if event.kind in s.kinds and s.matches(event)]
-
-
-REGISTRY = HandlerRegistry()
-
-_DECIDE_PARAMS = ("event", "history", "now")
-
-
-def handler(name: str, kinds: Iterable[str], matches: Callable[[FaultEvent], bool] | None = None,
-            registry: HandlerRegistry | None = None,
-            history_key: HistoryKeyFn | None = None) -> Callable[[DecideFn], DecideFn]:
-    """Register ``decide(event, history, now) -> Verdict`` for ``kinds``; returns the function unchanged.
-
-    ``history_key`` (optional) keys the history by something other than the node, e.g. a job for handlers
-    that correlate across nodes.
-    """
-
-    def wrap(fn: DecideFn) -> DecideFn:
-        params = tuple(inspect.signature(fn).parameters)
-        if params != _DECIDE_PARAMS:
-            raise TypeError(f"handler {name!r}: decide must take {_DECIDE_PARAMS}, not {params}")
-        (registry or REGISTRY).register(
-            HandlerSpec(name, frozenset(kinds), fn, matches or (lambda _e: True), history_key))
-        return fn
-
-    return wrap
 
 
 def incident_id_for(node: str, group: str, event_id: str) -> str:

@@ -42,15 +42,17 @@ When the rate first reaches ``sbe_rate_per_min`` a watch starts; if it is still 
 ``sbe_watch`` later, the handler decides ``ecc-correctable-rate``; a reading under the threshold ends the
 watch. Defaults are heuristics (no source gives a number): 10 per minute over an hour, watched for 30
 minutes. The retired-page limit defaults to 60 of the 64 pages a pre-Ampere frame buffer can retire.
-Configure with ``configure(EccPolicy(...))`` at start-up; tests call ``evaluate`` with a policy.
+All of these are an ``EccPolicy``, which ``decide`` takes as its fourth argument; the registry binds one to
+``DEFINITION`` (``handlers.build_registry``), the service from its ``ecc_*`` and ``incident_ttl_s`` settings;
+tests call ``decide`` with any policy.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from handlers.base import History, Sighting, Verdict, handler
+from handlers.base import HandlerDefinition, History, Sighting, Verdict
 from handlers.incidents import (
     INCIDENT_TTL,
     SEVERITY,
@@ -138,23 +140,6 @@ class EccPolicy:
         return max(self.sbe_rate_window, self.sbe_watch, timedelta(hours=24))
 
 
-@dataclass
-class _Configured:
-    policy: EccPolicy = field(default_factory=EccPolicy)
-
-
-_CONFIGURED = _Configured()
-
-
-def configure(policy: EccPolicy) -> None:
-    """Set the policy the registered ``decide`` uses (once, at service start-up)."""
-    _CONFIGURED.policy = policy
-
-
-def current_policy() -> EccPolicy:
-    return _CONFIGURED.policy
-
-
 def canonical_code(code: int | str | None) -> str | None:
     """Our name for an ECC value (``dbe_volatile``, ...), from our name, a DCGM field id or name; else None."""
     if code is None:
@@ -165,13 +150,7 @@ def canonical_code(code: int | str | None) -> str | None:
     return _CANONICAL.get(key)
 
 
-@handler(HANDLER, kinds=KINDS)
-def decide(event: FaultEvent, history: History, now: datetime) -> Verdict:
-    """Decide on one ECC value with the configured ``EccPolicy``."""
-    return evaluate(event, history, now, _CONFIGURED.policy)
-
-
-def evaluate(event: FaultEvent, history: History, now: datetime, policy: EccPolicy) -> Verdict:
+def decide(event: FaultEvent, history: History, now: datetime, policy: EccPolicy) -> Verdict:
     """Decide on one ECC value under ``policy``: pure, ``now`` is the only clock."""
     history = expire_incidents(history, now, policy.incident_ttl)
     code = canonical_code(event.code)
@@ -224,6 +203,11 @@ def evaluate(event: FaultEvent, history: History, now: datetime, policy: EccPoli
     if code in ("sbe_volatile", "sbe_aggregate"):
         return _correctable(event, code, value, h, now, policy, gpu, where)
     return Verdict(None, h, f"{shown} on {where} recorded for the trend; no action")
+
+
+evaluate = decide  # the name tests and tools have called it by
+
+DEFINITION = HandlerDefinition(HANDLER, frozenset(KINDS), decide, EccPolicy)
 
 
 def _correctable(event: FaultEvent, code: str, value: int, h: History, now: datetime, policy: EccPolicy,
@@ -321,5 +305,4 @@ def _remember(history: History, s: Sighting, now: datetime, policy: EccPolicy) -
     return remember(history, s, now, policy.keep, KINDS)
 
 
-__all__ = ["ECC_CODES", "HANDLER", "KINDS", "EccPolicy", "canonical_code", "configure", "current_policy",
-           "decide", "evaluate"]
+__all__ = ["DEFINITION", "ECC_CODES", "HANDLER", "KINDS", "EccPolicy", "canonical_code", "decide", "evaluate"]

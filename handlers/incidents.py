@@ -11,7 +11,11 @@ Groups (at most one running remediation per group, DESIGN.md §6):
   key may be an index, which is only unique on its node);
 * ``node:<node>`` for node-wide playbooks (``gpu-lost``, ``node-reboot``) and for GPU playbooks whose GPU is
   unknown;
-* ``job:<namespace>/<job>`` for the NCCL playbooks, which restart a job.
+* ``job:<namespace>/<job>`` for the NCCL playbooks, which restart a job (``pod:<namespace>/<pod>`` when the
+  job is not known, see ``handlers.nccl.Correlation``).
+
+Jobs: every family asks ``remediator.contracts.resolve_job`` (the one resolver) which job an event belongs to;
+a sighting remembers that job, or "" when none is known.
 
 Groups do not carry the handler family: an Xid 48 and a DCGM double-bit ECC value on the same GPU are one
 incident. An open incident absorbs every proposal for its group that is not more severe (``SEVERITY``); a
@@ -27,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from handlers.base import History, Incident, Sighting, Verdict, incident_id_for
-from remediator.contracts import Decision, Evidence, FaultEvent, GpuRef
+from remediator.contracts import Decision, Evidence, FaultEvent, GpuRef, resolve_job
 
 INCIDENT_TTL = timedelta(hours=6)
 SIGHTING_LIMIT = 1024
@@ -52,7 +56,6 @@ SEVERITY: dict[str, int] = {
     "unknown-xid": 10,
 }
 
-_JOB_LABELS = ("job", "job-name", "training.kubeflow.org/job-name", "job_name")
 _UUID_RE = re.compile(r"^GPU-[0-9a-fA-F-]+$")
 _INDEX_RE = re.compile(r"^index-(\d+)$")
 
@@ -74,15 +77,6 @@ def group_for(playbook: str, node: str, gpu: GpuRef | None) -> str:
     if playbook in NODE_WIDE_PLAYBOOKS or gpu is None or gpu.key == "?":
         return node_group(node)
     return gpu_group(node, gpu.key)
-
-
-def job_of(event: FaultEvent) -> str:
-    """The job an event belongs to: label ``job``, ``job-name``, the Kubeflow job label, else the pod; or ""."""
-    for name in (*_JOB_LABELS, "pod"):
-        value = event.labels.get(name, "").strip()
-        if value:
-            return value
-    return ""
 
 
 def gpu_key_of(event: FaultEvent) -> str:
@@ -161,7 +155,7 @@ def remember(history: History, s: Sighting, now: datetime, keep: timedelta, kind
 def sighting_of(event: FaultEvent, now: datetime, detail: str = "", *, job: str | None = None,
                 gpu: str | None = None) -> Sighting:
     return Sighting(event.id, event.kind, event.code, gpu_key_of(event) if gpu is None else gpu, now,
-                    job_of(event) if job is None else job, detail)
+                    (resolve_job(event.origin, event.labels) or "") if job is None else job, detail)
 
 
 def evidence_of(event: FaultEvent, detail: str) -> Evidence:

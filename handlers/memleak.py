@@ -20,7 +20,8 @@ Event conventions:
   trend as ``growth_bytes_per_min`` over ``growth_window_s``.
 * ``host_view``: ``"false"`` when the observer could not see host PIDs (a container without ``hostPID``):
   an empty process list then means nothing (HAMi#700), so such events are recorded, never acted on.
-* ``job`` / ``pod``: the workload, where known.
+* the workload, where known: ``origin`` (pod, namespace, the job from owner references) and the job labels
+  that ``remediator.contracts.resolve_job`` reads; it is named in the decision, never needed for one.
 * ``is_healthy=True`` (the agent's "orphans are gone"): recorded; it ends a no-owner run.
 
 The node agent (``remediator.agent.orphans``) sends ``code="orphaned_memory"`` with ``orphan_pids``,
@@ -42,15 +43,19 @@ Rules:
    is restarted; it is the application's memory, not the node's).
 5. CUDA OOM where capacity - free - this process ≥ ``min_used_bytes`` and no other pod shares the GPU →
    ``memory-leak`` (cause ``oom_held_elsewhere``); any other OOM is the application's → recorded.
+
+Configuration: a ``MemleakPolicy`` (defaults are the module constants), which ``decide`` takes as its fourth
+argument; the registry binds one to ``DEFINITION`` (``handlers.build_registry``), the service from its
+``memleak_*`` and ``incident_ttl_s`` settings.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from handlers.base import History, Sighting, Verdict, handler
+from handlers.base import HandlerDefinition, History, Sighting, Verdict
 from handlers.incidents import (
     INCIDENT_TTL,
     Proposal,
@@ -59,11 +64,10 @@ from handlers.incidents import (
     expire_incidents,
     gpu_key_of,
     group_for,
-    job_of,
     remember,
     settle,
 )
-from remediator.contracts import Evidence, FaultEvent
+from remediator.contracts import Evidence, FaultEvent, resolve_job
 
 HANDLER = "memleak"
 KINDS = ("memory_leak", "cuda_oom")
@@ -102,31 +106,8 @@ class MemleakPolicy:
         return max(self.growth_window, self.orphan_for, timedelta(hours=1))
 
 
-@dataclass
-class _Configured:
-    policy: MemleakPolicy = field(default_factory=MemleakPolicy)
-
-
-_CONFIGURED = _Configured()
-
-
-def configure(policy: MemleakPolicy) -> None:
-    """Set the policy the registered ``decide`` uses (once, at service start-up)."""
-    _CONFIGURED.policy = policy
-
-
-def current_policy() -> MemleakPolicy:
-    return _CONFIGURED.policy
-
-
-@handler(HANDLER, kinds=KINDS)
-def decide(event: FaultEvent, history: History, now: datetime) -> Verdict:
-    """Decide on one memory-leak or CUDA-OOM event with the configured ``MemleakPolicy``."""
-    return evaluate(event, history, now, _CONFIGURED.policy)
-
-
-def evaluate(event: FaultEvent, history: History, now: datetime, policy: MemleakPolicy) -> Verdict:
-    """Decide on one event under ``policy``: pure, ``now`` is the only clock."""
+def decide(event: FaultEvent, history: History, now: datetime, policy: MemleakPolicy) -> Verdict:
+    """Decide on one memory-leak or CUDA-OOM event under ``policy``: pure, ``now`` is the only clock."""
     history = expire_incidents(history, now, policy.incident_ttl)
     gpu = gpu_key_of(event)
     where = f"GPU {gpu or '?'} on {event.node}"
@@ -179,6 +160,11 @@ def evaluate(event: FaultEvent, history: History, now: datetime, policy: Memleak
                             f"{_gib(policy.min_used_bytes)}; recorded")
 
 
+evaluate = decide  # the name tests and tools have called it by
+
+DEFINITION = HandlerDefinition(HANDLER, frozenset(KINDS), decide, MemleakPolicy)
+
+
 def _growth(event: FaultEvent, history: History, now: datetime, policy: MemleakPolicy, gpu: str,
             where: str) -> Verdict:
     labels = event.labels
@@ -224,7 +210,7 @@ def _oom(event: FaultEvent, history: History, now: datetime, policy: MemleakPoli
     h = _remember(history, _sighting(event, now, gpu, "oom"), policy, now)
     capacity, free, mine = (_int(labels.get(k)) for k in ("capacity_bytes", "free_bytes", "process_bytes"))
     if capacity is None or free is None or mine is None or not gpu:
-        return Verdict(None, h, f"CUDA out of memory on {where} in job {job_of(event) or '?'}; the job's own "
+        return Verdict(None, h, f"CUDA out of memory on {where} in job {_job(event)}; the job's own "
                                 "problem as far as the message tells, recorded")
     elsewhere = capacity - free - mine
     pods = _int(labels.get("gpu_pods"))
@@ -235,7 +221,7 @@ def _oom(event: FaultEvent, history: History, now: datetime, policy: MemleakPoli
                         "the failing process and no other pod shares the GPU",
                         (evidence_of(event, shown),), {})
     why = "another pod shares the GPU" if pods is not None and pods > 1 else "the process itself holds the memory"
-    return Verdict(None, h, f"CUDA out of memory on {where} in job {job_of(event) or '?'}: {why} ({shown}); "
+    return Verdict(None, h, f"CUDA out of memory on {where} in job {_job(event)}: {why} ({shown}); "
                             "the job owner's to fix, recorded")
 
 
@@ -243,7 +229,11 @@ def _propose(event: FaultEvent, h: History, now: datetime, cause: str, reason: s
              evidence: tuple[Evidence, ...], labels: dict[str, str]) -> Verdict:
     return settle(event, h, now, Proposal(
         HANDLER, "memory-leak", event.node, event.gpu, group_for("memory-leak", event.node, event.gpu), reason,
-        evidence, job_of(event) or None, {"cause": cause, **labels}))
+        evidence, resolve_job(event.origin, event.labels), {"cause": cause, **labels}))
+
+
+def _job(event: FaultEvent) -> str:
+    return resolve_job(event.origin, event.labels) or "?"
 
 
 def _no_owner_since(h: History, gpu: str) -> Sighting:
@@ -285,4 +275,4 @@ def _mib(n: int) -> str:
     return f"{n / MIB:.0f} MiB"
 
 
-__all__ = ["HANDLER", "KINDS", "MemleakPolicy", "configure", "current_policy", "decide", "evaluate"]
+__all__ = ["DEFINITION", "HANDLER", "KINDS", "MemleakPolicy", "decide", "evaluate"]

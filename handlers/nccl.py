@@ -1,19 +1,23 @@
 """The NCCL handler: timeouts and collective errors correlated across the ranks of one job (gpu-faults.md §4.4).
 
 Where it sits: dispatch calls ``decide`` for events of kind ``nccl_timeout``, ``nccl_error`` and
-``job_failure``, and for hardware events (``xid``, ``ecc``, ``gpu_lost``, ``cuda_error``) that carry a job
-label, with the history of the *job*, not of a node: ``history_key(event)`` is ``job.<namespace>.<job>``
+``job_failure``, and for hardware events (``xid``, ``ecc``, ``gpu_lost``, ``cuda_error``) that belong to a
+job, with the history of the *job*, not of a node: ``history_key(event)`` is ``job.<namespace>.<job>``
 (tokens with ``.`` and anything outside ``[A-Za-z0-9_-]`` turned into ``_``), so the ranks of one job on many
-nodes meet in one history. An event without a job label keys by its node (``node.<node>``) and correlates
-with nothing. Decisions are grouped on ``job:<namespace>/<job>`` and carry ``labels["history_key"]``, the KV
-key whose incident the executor must close (``handlers.incidents.close_incident``) when the playbook ends.
+nodes meet in one history. The job is ``remediator.contracts.resolve_job`` (the pod's owner reference, then
+the Kubeflow, JobSet and batch labels), its namespace ``origin.namespace`` or the ``namespace`` label. An
+NCCL event whose job is unknown is correlated by its pod's own identity instead (``Correlation``:
+``pod.<namespace>.<pod>``, group ``pod:<namespace>/<pod>``), never merged with other pods; one with neither
+keys by its node (``node.<node>``) and correlates with nothing. Decisions are grouped on
+``job:<namespace>/<job>`` (or the pod's group) and carry ``labels["history_key"]``, the KV key whose
+incident the executor must close (``handlers.incidents.close_incident``) when the playbook ends.
 
 Event conventions (labels as the NCCL/PyTorch parsers in ``handlers.signatures`` emit them; all optional):
-``job`` (or ``job-name`` / ``training.kubeflow.org/job-name``; else ``pod``), ``namespace``, ``pod``,
 ``rank`` (global rank), ``seq`` (the collective's SeqNum), ``op_type`` (``ALLREDUCE``, ...),
 ``lagging_ranks`` (comma-separated ranks named by a desync report), ``peer`` (the IP named in an IB/socket
 error), ``peer_node`` (that peer's node, when the producer could resolve it), ``cuda_error`` (the CUDA error
-number surfaced by the watchdog: 214 uncorrectable ECC, 220 uncorrectable NVLink). The event's ``node`` and
+number surfaced by the watchdog: 214 uncorrectable ECC, 220 uncorrectable NVLink); the workload as
+``origin`` (pod, namespace, job) or the job labels above and ``namespace``/``pod``. The event's ``node`` and
 ``gpu`` say where the reporting rank runs.
 
 Who is the suspect (first that applies; all evidence within ``window``, 10 minutes by default, inclusive):
@@ -34,6 +38,11 @@ A suspect → ``nccl-timeout-suspect`` on the suspect node (taint it out, restar
 event, ``min_ranks`` different ranks reporting (and every rank named as lagging heard from), or ``settle``
 since the first report. Before that the event is recorded ("correlating"). The handler has no timer: the
 settle time is noticed by the next event of the job. A suspect found after a no-suspect decision supersedes it.
+
+Configuration: an ``NcclPolicy`` (``window``, ``settle``, ``min_ranks``, ``early_seq``, ``peer_threshold``,
+the incident TTL; defaults are the module constants), which ``decide`` takes as its fourth argument; the
+registry binds one to ``DEFINITION`` (``handlers.build_registry``), the service from its ``nccl_*`` and
+``incident_ttl_s`` settings.
 """
 
 from __future__ import annotations
@@ -41,11 +50,11 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
-from handlers.base import History, Sighting, Verdict, handler
+from handlers.base import HandlerDefinition, History, Sighting, Verdict
 from handlers.catalog import CATALOG
 from handlers.ecc import canonical_code
 from handlers.incidents import (
@@ -59,7 +68,7 @@ from handlers.incidents import (
     remember,
     settle,
 )
-from remediator.contracts import Evidence, FaultEvent
+from remediator.contracts import Evidence, FaultEvent, resolve_job
 
 HANDLER = "nccl"
 NCCL_KINDS = ("nccl_timeout", "nccl_error", "job_failure")
@@ -72,7 +81,6 @@ MIN_RANKS = 2
 EARLY_SEQ = 10
 PEER_THRESHOLD = 2
 
-_JOB_LABELS = ("job", "job-name", "training.kubeflow.org/job-name", "job_name")
 _HW_ECC = frozenset({"dbe_volatile", "dbe_aggregate", "row_remap_failure", "retirement_failure",
                      "sram_threshold_exceeded"})
 _HW_CUDA = {214: "uncorrectable ECC error", 220: "uncorrectable NVLink error"}
@@ -98,34 +106,59 @@ class NcclPolicy:
         return max(self.window, self.settle, timedelta(hours=1))
 
 
-@dataclass
-class _Configured:
-    policy: NcclPolicy = field(default_factory=NcclPolicy)
+@dataclass(frozen=True)
+class Correlation:
+    """What an NCCL event is correlated under: its job, or else the pod's own identity.
+
+    ``kind="job"``: ``remediator.contracts.resolve_job`` knows the job (owner reference, then the Kubeflow,
+    JobSet and batch labels), so the ranks of the job on every node meet in one history, ``job.<ns>.<job>``,
+    and the decision's group is ``job:<ns>/<job>``. ``kind="pod"``: no job is known, only the pod the
+    reporting ranks run in; its reports are correlated with each other (the ranks of one multi-GPU pod) and
+    with nothing else, in ``pod.<ns>.<pod>`` and group ``pod:<ns>/<pod>``. A pod's name is never taken for a
+    job: two unrelated single-pod jobs are never merged into one.
+    """
+
+    kind: Literal["job", "pod"]
+    namespace: str
+    name: str
+
+    @property
+    def job(self) -> str | None:
+        """The job's name, or None when correlating by pod."""
+        return self.name if self.kind == "job" else None
+
+    @property
+    def history_key(self) -> str:
+        return f"{self.kind}.{_token(self.namespace)}.{_token(self.name)}"
+
+    @property
+    def group(self) -> str:
+        return job_group(self.namespace, self.name) if self.kind == "job" else f"pod:{self.namespace}/{self.name}"
+
+    @property
+    def tag(self) -> str:
+        """What the history's sightings carry in ``Sighting.job``: the job's name, or ``pod/<name>``."""
+        return self.name if self.kind == "job" else f"pod/{self.name}"
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.namespace}/{self.name}"
 
 
-_CONFIGURED = _Configured()
+def namespace_of(event: FaultEvent) -> str:
+    """The event's namespace: ``origin.namespace``, else the ``namespace`` label, else ``default``."""
+    return (event.origin.namespace or event.labels.get("namespace", "")).strip() or "default"
 
 
-def configure(policy: NcclPolicy) -> None:
-    """Set the policy the registered ``decide`` uses (once, at service start-up)."""
-    _CONFIGURED.policy = policy
-
-
-def current_policy() -> NcclPolicy:
-    return _CONFIGURED.policy
-
-
-def job_name(event: FaultEvent) -> str:
-    """The job label (``job``, ``job-name``, the Kubeflow label), else the pod, else ""."""
-    for name in (*_JOB_LABELS, "pod"):
-        value = event.labels.get(name, "").strip()
-        if value:
-            return value
-    return ""
-
-
-def _has_job_label(event: FaultEvent) -> bool:
-    return any(event.labels.get(name, "").strip() for name in _JOB_LABELS)
+def correlation_of(event: FaultEvent) -> Correlation | None:
+    """The job (``resolve_job``) the event belongs to, else its pod (``origin.pod``, else the ``pod`` label),
+    else None (nothing to correlate with)."""
+    job = resolve_job(event.origin, event.labels)
+    if job:
+        return Correlation("job", namespace_of(event), job)
+    pod = (event.origin.pod or event.labels.get("pod", "")).strip()
+    if pod:
+        return Correlation("pod", namespace_of(event), pod)
+    return None
 
 
 def _token(text: str) -> str:
@@ -133,22 +166,15 @@ def _token(text: str) -> str:
 
 
 def history_key(event: FaultEvent) -> str:
-    """KV key of the history this handler decides over: ``job.<namespace>.<job>``, else ``node.<node>``."""
-    job = job_name(event)
-    if not job:
-        return f"node.{_token(event.node)}"
-    return f"job.{_token(event.labels.get('namespace', '').strip() or 'default')}.{_token(job)}"
+    """KV key of the history this handler decides over: ``Correlation.history_key`` (``job.<ns>.<job>`` or
+    ``pod.<ns>.<pod>``), else ``node.<node>``."""
+    corr = correlation_of(event)
+    return corr.history_key if corr is not None else f"node.{_token(event.node)}"
 
 
 def matches(event: FaultEvent) -> bool:
-    """NCCL kinds always; hardware kinds only when they name a job to correlate with."""
-    return event.kind in NCCL_KINDS or _has_job_label(event)
-
-
-@handler(HANDLER, kinds=KINDS, matches=matches, history_key=history_key)
-def decide(event: FaultEvent, history: History, now: datetime) -> Verdict:
-    """Decide on one NCCL/job event, or remember a hardware event, with the configured ``NcclPolicy``."""
-    return evaluate(event, history, now, _CONFIGURED.policy)
+    """NCCL kinds always; hardware kinds only when they belong to a job (``resolve_job``) to correlate with."""
+    return event.kind in NCCL_KINDS or resolve_job(event.origin, event.labels) is not None
 
 
 # --- facts ----------------------------------------------------------------------------------------------
@@ -250,33 +276,33 @@ class _Suspect:
     evidence: tuple[Evidence, ...]
 
 
-def evaluate(event: FaultEvent, history: History, now: datetime, policy: NcclPolicy) -> Verdict:
-    """Decide under ``policy``: pure, ``now`` is the only clock."""
+def decide(event: FaultEvent, history: History, now: datetime, policy: NcclPolicy) -> Verdict:
+    """Decide on one NCCL/job event, or remember a hardware event, under ``policy``: pure, ``now`` is the
+    only clock."""
     history = expire_incidents(history, now, policy.incident_ttl)
-    job = job_name(event)
-    namespace = event.labels.get("namespace", "").strip() or "default"
-    s = Sighting(event.id, event.kind, event.code, gpu_key_of(event), now, job, _detail(event))
+    corr = correlation_of(event)
+    tag = corr.tag if corr is not None else ""
+    s = Sighting(event.id, event.kind, event.code, gpu_key_of(event), now, tag, _detail(event))
     h = remember(history, s, now, policy.keep, KINDS)
+    if corr is None:
+        return Verdict(None, h, f"{event.kind} on {event.node} names no job or pod; nothing to correlate, recorded")
     facts = [_fact(x) for x in h.sightings
-             if x.kind in KINDS and x.job == job and now - x.at <= policy.window]
+             if x.kind in KINDS and x.job == tag and now - x.at <= policy.window]
     comm = [f for f in facts if f.sighting.kind in NCCL_KINDS]
-    if not job:
-        return Verdict(None, h, f"{event.kind} on {event.node} names no job; nothing to correlate, recorded")
     if event.kind in HARDWARE_KINDS and not _fact(s).hardware:
-        return Verdict(None, h, f"{event.kind} {event.code} on {event.node} recorded for job {job}; "
+        return Verdict(None, h, f"{event.kind} {event.code} on {event.node} recorded for {corr}; "
                                 "not a hardware signal")
     if not comm:
-        return Verdict(None, h, f"hardware signal on {event.node} recorded for job {namespace}/{job}; no NCCL "
-                                "failure of the job to correlate yet")
+        return Verdict(None, h, f"hardware signal on {event.node} recorded for {corr}; no NCCL "
+                                "failure of it to correlate yet")
 
-    group = job_group(namespace, job)
-    labels = {"job": job, "namespace": namespace, "history_key": history_key(event)}
+    labels = {corr.kind: corr.name, "namespace": corr.namespace, "history_key": corr.history_key}
     suspect = _hardware_suspect(facts) or _lagging_suspect(comm, policy) or _link_suspect(comm, policy)
     if isinstance(suspect, _Suspect):
         target = gpu_ref_from_key(suspect.gpu)
         return settle(event, h, now, Proposal(
-            HANDLER, "nccl-timeout-suspect", suspect.node, target, group,
-            f"job {namespace}/{job}: {suspect.reason}", suspect.evidence, job,
+            HANDLER, "nccl-timeout-suspect", suspect.node, target, corr.group,
+            f"{corr}: {suspect.reason}", suspect.evidence, corr.job,
             {**labels, "suspect_node": suspect.node, "suspect_gpu": suspect.gpu, "cause": suspect.cause}))
 
     ranks = sorted({f.rank for f in comm if f.rank is not None})
@@ -287,7 +313,7 @@ def evaluate(event: FaultEvent, history: History, now: datetime, policy: NcclPol
     summary = f"{len(comm)} report(s) from {len(ranks)} rank(s) on {len({f.node for f in comm})} node(s)"
     if not ready:
         waiting = f", waiting for lagging rank(s) {','.join(map(str, unheard))}" if unheard else ""
-        return Verdict(None, h, f"job {namespace}/{job}: {event.kind} recorded, correlating ({summary}{waiting})")
+        return Verdict(None, h, f"{corr}: {event.kind} recorded, correlating ({summary}{waiting})")
     why = _no_suspect_why(comm, policy)
     peer = _top_peer(comm)
     if peer:
@@ -296,9 +322,15 @@ def evaluate(event: FaultEvent, history: History, now: datetime, policy: NcclPol
                                                       f"{f.node}, seq {f.seq if f.seq is not None else '?'}")
                      for f in comm[-8:])
     return settle(event, h, now, Proposal(
-        HANDLER, "nccl-timeout-no-suspect", event.node, None, group,
-        f"job {namespace}/{job} failed in NCCL with no node or GPU to blame ({summary}{why}), so only the job "
-        "is restarted", evidence, job, labels))
+        HANDLER, "nccl-timeout-no-suspect", event.node, None, corr.group,
+        f"{corr} failed in NCCL with no node or GPU to blame ({summary}{why}), so only the job "
+        "is restarted", evidence, corr.job, labels))
+
+
+evaluate = decide  # the name tests and tools have called it by
+
+DEFINITION = HandlerDefinition(HANDLER, frozenset(KINDS), decide, NcclPolicy, matches=matches,
+                               history_key=history_key)
 
 
 def _hardware_suspect(facts: list[_Fact]) -> _Suspect | None:
@@ -417,5 +449,5 @@ def _top_peer(comm: list[_Fact]) -> str:
     return counts.most_common(1)[0][0] if counts else ""
 
 
-__all__ = ["HANDLER", "KINDS", "NcclPolicy", "configure", "current_policy", "decide", "evaluate",
-           "history_key", "job_name", "matches"]
+__all__ = ["DEFINITION", "HANDLER", "KINDS", "Correlation", "NcclPolicy", "correlation_of", "decide", "evaluate",
+           "history_key", "matches", "namespace_of"]

@@ -33,10 +33,14 @@ for the whole node (NVSwitch systems reset links node-wide); non-fatal → recor
 Repeats and flapping never start a second remediation: ``handlers.incidents.settle`` folds any proposal that
 is not more severe than the incident already open for its group (``Verdict.updated_incident``).
 
-Configuration: the window and threshold of rule 8 are ``APP_WINDOW``/``APP_THRESHOLD``; the service passes
-its settings once at start-up with ``configure(XidPolicy.from_settings(window_s, threshold))`` (e.g.
-``Settings.xid_app_window_s`` and ``Settings.xid_app_threshold``). ``evaluate`` takes a policy explicitly
-and is what the tests call.
+Configuration: an ``XidPolicy`` (rule 8's ``app_window``/``app_threshold``, the burst gap, the incident
+TTL; defaults are the module constants), which ``decide`` takes as its fourth argument. The registry binds
+one to ``DEFINITION`` (``handlers.build_registry``), the service from its settings (``xid_app_window_s``,
+``xid_app_threshold``, ``xid_burst_quiet_s``, ``incident_ttl_s``); tests call ``decide`` with any policy.
+
+Jobs: an event's job is ``remediator.contracts.resolve_job`` (the owner reference, then the Kubeflow,
+JobSet and batch labels); a pod name alone is no job, so the restarts of one job are not counted as
+different jobs.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from handlers.base import History, Sighting, Verdict, handler
+from handlers.base import HandlerDefinition, History, Sighting, Verdict
 from handlers.catalog import CATALOG, UNKNOWN_PLAYBOOK, XidCatalog, XidInfo
 from handlers.incidents import (
     INCIDENT_TTL,
@@ -58,13 +62,12 @@ from handlers.incidents import (
     gpu_key_of,
     gpu_ref_from_key,
     group_for,
-    job_of,
     node_group,
     remember,
     settle,
     sighting_of,
 )
-from remediator.contracts import Evidence, FaultEvent
+from remediator.contracts import Evidence, FaultEvent, resolve_job
 
 HANDLER = "xid"
 KINDS = ("xid", "sxid", "gpu_lost")
@@ -100,9 +103,12 @@ class XidPolicy:
             raise ValueError("app_window and burst_quiet must be positive")
 
     @classmethod
-    def from_settings(cls, app_window_s: int, app_threshold: int) -> XidPolicy:
-        """Build from the service settings (``xid_app_window_s``, ``xid_app_threshold``)."""
-        return cls(app_window=timedelta(seconds=app_window_s), app_threshold=app_threshold)
+    def from_settings(cls, app_window_s: float, app_threshold: int, burst_quiet_s: float = BURST_QUIET.total_seconds(),
+                      incident_ttl_s: float = INCIDENT_TTL.total_seconds()) -> XidPolicy:
+        """Build from the service settings (``xid_app_window_s``, ``xid_app_threshold``, ``xid_burst_quiet_s``,
+        ``incident_ttl_s``)."""
+        return cls(app_window=timedelta(seconds=app_window_s), app_threshold=app_threshold,
+                   burst_quiet=timedelta(seconds=burst_quiet_s), incident_ttl=timedelta(seconds=incident_ttl_s))
 
     @property
     def keep(self) -> timedelta:
@@ -110,31 +116,8 @@ class XidPolicy:
         return max(self.app_window, self.burst_quiet, timedelta(hours=24))
 
 
-@dataclass
-class _Configured:
-    policy: XidPolicy = field(default_factory=XidPolicy)
-
-
-_CONFIGURED = _Configured()
-
-
-def configure(policy: XidPolicy) -> None:
-    """Set the policy the registered ``decide`` uses (once, at service start-up)."""
-    _CONFIGURED.policy = policy
-
-
-def current_policy() -> XidPolicy:
-    return _CONFIGURED.policy
-
-
-@handler(HANDLER, kinds=KINDS)
-def decide(event: FaultEvent, history: History, now: datetime) -> Verdict:
-    """Decide on one Xid/SXid/GPU-lost event with the configured ``XidPolicy``."""
-    return evaluate(event, history, now, _CONFIGURED.policy)
-
-
-def evaluate(event: FaultEvent, history: History, now: datetime, policy: XidPolicy) -> Verdict:
-    """Decide on one event under ``policy``: pure, ``now`` is the only clock."""
+def decide(event: FaultEvent, history: History, now: datetime, policy: XidPolicy) -> Verdict:
+    """Decide on one Xid/SXid/GPU-lost event under ``policy``: pure, ``now`` is the only clock."""
     history = expire_incidents(history, now, policy.incident_ttl)
     if event.is_healthy:
         h = _remember(history, sighting_of(event, now, "healthy"), now, policy)
@@ -149,6 +132,11 @@ def evaluate(event: FaultEvent, history: History, now: datetime, policy: XidPoli
     return _xid(event, event.code, history, now, policy)
 
 
+evaluate = decide  # the name tests and tools have called it by
+
+DEFINITION = HandlerDefinition(HANDLER, frozenset(KINDS), decide, XidPolicy)
+
+
 # --- kinds --------------------------------------------------------------------------------------------
 
 
@@ -159,7 +147,7 @@ def _gpu_lost(event: FaultEvent, history: History, now: datetime, policy: XidPol
         HANDLER, "gpu-lost", event.node, event.gpu, node_group(event.node),
         f"{where} on {event.node} is lost to the driver ({event.message or 'GPU_IS_LOST'}), so the node is "
         "lost for GPU work until it is power-cycled",
-        (evidence_of(event, "GPU lost"),), job_of(event) or None))
+        (evidence_of(event, "GPU lost"),), resolve_job(event.origin, event.labels)))
 
 
 def _sxid(event: FaultEvent, history: History, now: datetime, policy: XidPolicy) -> Verdict:
@@ -174,7 +162,7 @@ def _sxid(event: FaultEvent, history: History, now: datetime, policy: XidPolicy)
     return settle(event, h, now, Proposal(
         HANDLER, "nvlink", event.node, None, node_group(event.node),
         f"fatal NVSwitch SXid {event.code} on {event.node} needs the node's NVLink fabric drained and reset",
-        (evidence_of(event, f"fatal SXid {event.code}"),), job_of(event) or None))
+        (evidence_of(event, f"fatal SXid {event.code}"),), resolve_job(event.origin, event.labels)))
 
 
 def _xid(event: FaultEvent, code: int, history: History, now: datetime, policy: XidPolicy) -> Verdict:
@@ -315,7 +303,7 @@ def _nvlink_74(event: FaultEvent, h: History, now: datetime, policy: XidPolicy, 
                     evidence_of(event, f"Xid 74 on peer GPU {gpu}, {len(gpus)} GPUs in burst"))
         return settle(event, h, now, Proposal(HANDLER, "nvlink", event.node, target,
                                               group_for("nvlink", event.node, target), reason, evidence,
-                                              job_of(event) or None))
+                                              resolve_job(event.origin, event.labels)))
     return _propose(event, h, now, "nvlink",
                     f"Xid 74 (NVLink error) on {where} needs its links drained and the GPU reset",
                     (evidence_of(event, f"Xid 74, {len(gpus) or 1} GPU(s) with Xid 74 in burst"),))
@@ -327,7 +315,7 @@ def _application(event: FaultEvent, code: int, h: History, now: datetime, policy
             if s.kind == "xid" and s.gpu == gpu and isinstance(s.code, int) and _is_application(s.code, policy)
             and not s.detail.startswith("follows:") and s.job and now - s.at <= policy.app_window]
     jobs = sorted({s.job for s in hits})
-    job = job_of(event)
+    job = resolve_job(event.origin, event.labels)
     window_h = policy.app_window.total_seconds() / 3600
     if job and len(jobs) >= policy.app_threshold and gpu:
         evidence = tuple(
@@ -353,7 +341,7 @@ def _propose(event: FaultEvent, h: History, now: datetime, playbook: str, reason
              evidence: tuple[Evidence, ...]) -> Verdict:
     return settle(event, h, now, Proposal(HANDLER, playbook, event.node, event.gpu,
                                           group_for(playbook, event.node, event.gpu), reason, evidence,
-                                          job_of(event) or None))
+                                          resolve_job(event.origin, event.labels)))
 
 
 def _follow(event: FaultEvent, h: History, now: datetime, group: str, reason: str) -> Verdict:
@@ -415,5 +403,5 @@ def _remember(history: History, s: Sighting, now: datetime, policy: XidPolicy) -
     return remember(history, s, now, policy.keep, KINDS)
 
 
-__all__ = ["APP_THRESHOLD", "APP_WINDOW", "BURST_QUIET", "HANDLER", "KINDS", "XidPolicy", "configure",
-           "current_policy", "decide", "evaluate"]
+__all__ = ["APP_THRESHOLD", "APP_WINDOW", "BURST_QUIET", "DEFINITION", "HANDLER", "KINDS", "XidPolicy", "decide",
+           "evaluate"]

@@ -53,6 +53,10 @@ before it puts a message on the queue, so one fetched decision waits for a slot 
 delivered at most; its ack wait runs); the old loop fetched only for free slots. Per-node exclusion is the
 node lock in KV, not this process.
 
+Idle fetches: nats-py can end an empty pull with the built-in ``TimeoutError``, where faststream's pull loop
+expects ``nats.errors.TimeoutError``; ``consumer_broker`` installs the translation
+(``install_fetch_timeout_translation``) when it builds a consumer's broker, never at import.
+
 Stopping: ``broker.stop()`` stops fetching, waits up to ``GRACEFUL_STOP_S`` for running handlers, then
 cancels the rest, which ``bus.settle`` naks without delay. A message delivered by the pull request still
 open while stopping is dropped unsettled by faststream and comes back after the consumer's ack wait.
@@ -98,9 +102,11 @@ __all__ = [
     "consumer_broker",
     "declare_dispatch",
     "declare_executor",
+    "install_fetch_timeout_translation",
     "node_token_of",
     "run_until",
     "start",
+    "translate_fetch_timeouts",
 ]
 
 ACK_POLICY = AckPolicy.MANUAL  # bus.settle acks, naks and terms; faststream does none of it
@@ -175,8 +181,10 @@ def consumer_broker(url: str, *, name: str, graceful_timeout: float = GRACEFUL_S
 
     Connection behaviour follows ``bus.connect``: reconnect forever, 2 s apart; the first connection gives up
     after one round. ``AckPolicy.MANUAL`` is also the broker default, so no subscriber falls back to
-    faststream's. Per-message access logs go to this module's logger at DEBUG.
+    faststream's. Per-message access logs go to this module's logger at DEBUG. Building one installs the
+    fetch-timeout translation (``install_fetch_timeout_translation``).
     """
+    install_fetch_timeout_translation()  # the pull loops of this broker's subscribers fetch through it
     servers = [s.strip() for s in url.split(",") if s.strip()]
     return NatsBroker(
         servers, name=name, allow_reconnect=True, max_reconnect_attempts=-1, reconnect_time_wait=2,
@@ -255,9 +263,14 @@ def translate_fetch_timeouts(fetch: Any) -> Any:
     return translated
 
 
-# Applied once, when the consumers are loaded (only the service process loads this module).
-JetStreamContext.PullSubscription.fetch = translate_fetch_timeouts(  # type: ignore[method-assign]
-    JetStreamContext.PullSubscription.fetch)
+def install_fetch_timeout_translation() -> None:
+    """Make nats-py's ``PullSubscription.fetch`` time out as faststream expects (``translate_fetch_timeouts``).
+
+    Called by ``consumer_broker``, where a consumer is built, so importing this module changes nothing;
+    idempotent, and a no-op in a process that never builds a consumer.
+    """
+    JetStreamContext.PullSubscription.fetch = translate_fetch_timeouts(  # type: ignore[method-assign]
+        JetStreamContext.PullSubscription.fetch)
 
 
 async def start(broker: NatsBroker, js: JetStreamContext, bindings: tuple[Binding, ...]) -> None:

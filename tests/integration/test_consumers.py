@@ -22,7 +22,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
 import handlers  # noqa: F401 - registers the handler families
-from handlers.base import REGISTRY
+from handlers import default_registry
 from playbooks.catalog import PlaybookCatalog
 from remediator import bus
 from remediator.audit import AuditLog, iter_records
@@ -92,7 +92,7 @@ async def until(check: Any, timeout: float = 20.0) -> None:  # noqa: ASYNC109 - 
 
 async def test_a_failing_dispatch_is_nakked_redelivered_then_dead_lettered(nats_server: EmbeddedNats) -> None:
     async with bus_of(nats_server, max_deliver=3, nak_delay_s=0.1) as (nc, js, settings):
-        d = await Dispatcher.create(nc, js, settings, AuditLog(js, "test"), registry=REGISTRY)
+        d = await Dispatcher.create(nc, js, settings, AuditLog(js, "test"), registry=default_registry())
 
         async def handle(ev: FaultEvent, trace_id: str | None = None, traceparent: str | None = None) -> list[Any]:
             raise RuntimeError("handler bug")
@@ -140,7 +140,7 @@ async def test_a_temporary_executor_error_waits_its_delay_then_dead_letters(nats
 
 async def test_one_nodes_faults_run_in_order_while_nodes_run_together(nats_server: EmbeddedNats) -> None:
     async with bus_of(nats_server) as (nc, js, settings):
-        d = await Dispatcher.create(nc, js, settings, AuditLog(js, "test"), registry=REGISTRY)
+        d = await Dispatcher.create(nc, js, settings, AuditLog(js, "test"), registry=default_registry())
         rng = random.Random(11)
         ran: list[tuple[str, str]] = []
         busy: set[str] = set()
@@ -201,7 +201,7 @@ async def test_the_executor_runs_at_most_its_concurrency(nats_server: EmbeddedNa
 async def test_a_missing_durable_is_reported_not_created(nats_server: EmbeddedNats) -> None:
     async with bus_of(nats_server) as (nc, js, settings):
         await js.delete_consumer(FAULTS_STREAM, bus.DISPATCH_CONSUMER)
-        d = await Dispatcher.create(nc, js, settings, AuditLog(js, "test"), registry=REGISTRY)
+        d = await Dispatcher.create(nc, js, settings, AuditLog(js, "test"), registry=default_registry())
         with pytest.raises(MissingConsumer, match=r"FAULTS/dispatch .*remediator bus init"):
             await d.run(asyncio.Event())
         with pytest.raises(NotFoundError):

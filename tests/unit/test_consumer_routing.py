@@ -22,6 +22,7 @@ from faststream.nats.subscriber.usecases import ConcurrentPullStreamSubscriber, 
 from faststream.nats.testing import PatchedMessage
 from nats.aio.msg import Msg
 
+from handlers import default_registry
 from playbooks.catalog import PlaybookCatalog
 from remediator import consumers
 from remediator.contracts import Decision, FaultEvent
@@ -157,7 +158,7 @@ async def test_a_raising_entry_point_is_not_rejected_by_faststream(settled: list
 
 def _dispatcher(settings: Settings) -> tuple[Dispatcher, AsyncMock]:
     js = AsyncMock()
-    return Dispatcher(AsyncMock(), js, AsyncMock(), settings, AsyncMock()), js
+    return Dispatcher(AsyncMock(), js, AsyncMock(), settings, AsyncMock(), default_registry()), js
 
 
 async def test_a_fault_runs_dispatcher_handle_then_acks(settled: list[tuple[str, str]]) -> None:
@@ -290,4 +291,21 @@ async def test_an_idle_fetch_times_out_as_the_nats_error_faststream_expects() ->
     with pytest.raises(nats.errors.TimeoutError):
         await translate_fetch_timeouts(nats_idle)(None, 1, 0.1)
     assert await translate_fetch_timeouts(some)(None, 1, 0.1) == ["m"]
+    consumers.consumer_broker("nats://127.0.0.1:4222", name="routing-test")
     assert getattr(JetStreamContext.PullSubscription.fetch, "_remediator_translated", False)
+    translated = JetStreamContext.PullSubscription.fetch
+    consumers.install_fetch_timeout_translation()
+    assert JetStreamContext.PullSubscription.fetch is translated  # idempotent: never wrapped twice
+
+
+def test_the_fetch_patch_happens_where_the_consumer_is_built_not_at_import() -> None:
+    """Old main patched nats-py when ``remediator.consumers`` was imported (any importer, e.g. a CLI verb)."""
+    import subprocess
+    import sys
+
+    code = ("import nats.js.client as c; import remediator.consumers as rc; "
+            "f = c.JetStreamContext.PullSubscription.fetch; "
+            "assert not getattr(f, '_remediator_translated', False), 'patched at import'; "
+            "rc.consumer_broker('nats://127.0.0.1:4222', name='t'); "
+            "assert c.JetStreamContext.PullSubscription.fetch._remediator_translated")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -8,14 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handlers import memleak
+from handlers import default_registry, memleak
 from handlers import xid as xid_handler
-from handlers.base import REGISTRY, History
+from handlers.base import History
 from handlers.ecc import EccPolicy, canonical_code, evaluate
 from handlers.incidents import gpu_group
 from handlers.xid import XidPolicy
 from handlers.xid import evaluate as xid_evaluate
-from tests.unit.handler_helpers import GPU_A, GPU_B, T0, at, decisions, ev, run
+from tests.unit.handler_helpers import GPU_A, GPU_B, JOB, T0, at, decisions, ev, run
 
 POLICY = EccPolicy()
 
@@ -30,7 +30,7 @@ def ecc(code: str | int, value: str | None, **kw: object):  # type: ignore[no-un
 
 
 def test_registered_for_ecc() -> None:
-    assert [s.name for s in REGISTRY.for_event(ecc("dbe_volatile", "1"))] == ["ecc"]
+    assert [s.name for s in default_registry().for_event(ecc("dbe_volatile", "1"))] == ["ecc"]
 
 
 @pytest.mark.parametrize(
@@ -229,7 +229,7 @@ def test_families_share_one_incident_per_group_on_a_node(seq: list[tuple[str, st
     for what, gpu, gap in seq:
         now += timedelta(seconds=gap)
         if what.startswith("xid"):
-            v = xid_handler.evaluate(ev("xid", int(what[3:]), gpu=gpu, labels={"job": str(gap % 4)}), h, now,
+            v = xid_handler.evaluate(ev("xid", int(what[3:]), gpu=gpu, labels={JOB: str(gap % 4)}), h, now,
                                      XidPolicy())
         elif what == "leak":
             v = memleak.evaluate(ev("memory_leak", "orphaned_memory", gpu=gpu, labels={"orphan_pids": "1"}), h, now,

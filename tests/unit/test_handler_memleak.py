@@ -8,12 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handlers.base import REGISTRY, History
+from handlers import default_registry
+from handlers.base import History
 from handlers.incidents import gpu_group
 from handlers.memleak import GIB, MIB, MemleakPolicy, evaluate
 from handlers.xid import XidPolicy
 from handlers.xid import evaluate as xid_evaluate
-from tests.unit.handler_helpers import GPU_A, T0, at, decisions, ev, run
+from tests.unit.handler_helpers import GPU_A, JOB, T0, at, decisions, ev, run
 
 POLICY = MemleakPolicy()
 
@@ -31,8 +32,9 @@ def oom(**labels: str):  # type: ignore[no-untyped-def]
 
 
 def test_registered_for_both_kinds() -> None:
-    assert [s.name for s in REGISTRY.for_event(leak())] == ["memleak"]
-    assert [s.name for s in REGISTRY.for_event(oom())] == ["memleak"]
+    registry = default_registry()
+    assert [s.name for s in registry.for_event(leak())] == ["memleak"]
+    assert [s.name for s in registry.for_event(oom())] == ["memleak"]
 
 
 @pytest.mark.parametrize(
@@ -160,7 +162,7 @@ def test_agent_reported_growth(rate: int, window_s: int, decides: bool) -> None:
      pytest.param({}, False, id="message-without-numbers")],
 )
 def test_cuda_oom(labels: dict[str, str], decides: bool) -> None:
-    v = _decide(oom(job="train", **labels), History(), at(0))
+    v = _decide(oom(**{JOB: "train", **labels}), History(), at(0))
     assert (v.decision is not None) == decides
     if v.decision:
         assert v.decision.labels["cause"] == "oom_held_elsewhere" and v.decision.job == "train"

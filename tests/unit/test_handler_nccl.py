@@ -8,10 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handlers.base import REGISTRY, History
+from handlers import default_registry
+from handlers.base import History
 from handlers.incidents import job_group
-from handlers.nccl import NcclPolicy, evaluate, history_key, matches
-from tests.unit.handler_helpers import GPU_A, GPU_B, GPU_C, T0, at, decisions, ev, run
+from handlers.nccl import NcclPolicy, correlation_of, evaluate, history_key, matches
+from remediator.contracts import Origin
+from tests.unit.handler_helpers import GPU_A, GPU_B, GPU_C, JOB, T0, at, decisions, ev, run
 
 POLICY = NcclPolicy()
 GROUP = job_group("ml", "llm")
@@ -24,13 +26,13 @@ def _decide(e, h, now):  # type: ignore[no-untyped-def]
 def timeout(rank: int, node: str, seq: int = 1580, *, gpu: str = GPU_A, op: str = "ALLREDUCE",
             **labels: str):  # type: ignore[no-untyped-def]
     return ev("nccl_timeout", "watchdog_timeout", node=node, gpu=gpu,
-              labels={"job": "llm", "namespace": "ml", "pod": f"llm-{rank}", "rank": str(rank), "seq": str(seq),
+              labels={JOB: "llm", "namespace": "ml", "pod": f"llm-{rank}", "rank": str(rank), "seq": str(seq),
                       "op_type": op, **labels})
 
 
 def ib_error(rank: int, node: str, peer: str, **labels: str):  # type: ignore[no-untyped-def]
     return ev("nccl_error", "ib_status_12", node=node,
-              labels={"job": "llm", "namespace": "ml", "rank": str(rank), "peer": peer, **labels})
+              labels={JOB: "llm", "namespace": "ml", "rank": str(rank), "peer": peer, **labels})
 
 
 # --- keying and registration --------------------------------------------------------------------
@@ -38,24 +40,67 @@ def ib_error(rank: int, node: str, peer: str, **labels: str):  # type: ignore[no
 
 @pytest.mark.parametrize(
     ("labels", "key"),
-    [pytest.param({"job": "llm", "namespace": "ml"}, "job.ml.llm", id="job-and-namespace"),
+    [pytest.param({JOB: "llm", "namespace": "ml"}, "job.ml.llm", id="job-and-namespace"),
      pytest.param({"training.kubeflow.org/job-name": "llm"}, "job.default.llm", id="kubeflow-default-ns"),
      pytest.param({"job-name": "a.b", "namespace": "x"}, "job.x.a_b", id="dots-tokenised"),
-     pytest.param({"pod": "p-1"}, "job.default.p-1", id="pod-fallback"),
+     pytest.param({"batch.kubernetes.io/job-name": "b", "namespace": "x"}, "job.x.b", id="batch-label"),
+     # the defect fixed: old main keyed a pod without a job label as the job "p-1" (job.default.p-1)
+     pytest.param({"pod": "p-1"}, "pod.default.p-1", id="pod-is-its-own-key-not-a-job"),
+     pytest.param({"job": "llm"}, "node.node-1", id="bare-job-label-is-no-job"),
      pytest.param({}, "node.node-1", id="no-job-keys-by-node")],
 )
 def test_history_key(labels: dict[str, str], key: str) -> None:
     assert history_key(ev("nccl_timeout", None, labels=labels)) == key
 
 
+def test_history_key_prefers_the_origin() -> None:
+    """The owner reference's job (``origin.job``) and the origin's namespace and pod come before labels."""
+    origin = Origin(job="llm", namespace="ml", pod="llm-worker-0")
+    assert history_key(ev("nccl_timeout", None, origin=origin, labels={JOB: "other", "namespace": "x"})) == "job.ml.llm"
+    assert history_key(ev("nccl_timeout", None, origin=Origin(pod="p-2", namespace="ml"))) == "pod.ml.p-2"
+    assert correlation_of(ev("nccl_timeout", None)) is None
+
+
+def test_two_single_pod_jobs_are_never_merged() -> None:
+    """Pods without a job are correlated by their own identity, in a key space of their own: old main took
+    the pod name for the job, so pod ``alpha`` and job ``alpha`` shared ``job.ml.alpha`` and the decision
+    named a job that does not exist."""
+    a = ev("nccl_timeout", "watchdog_timeout", node="node-1", labels={"pod": "alpha", "namespace": "ml", "rank": "0",
+                                                                      "seq": "1580"})
+    b = ev("nccl_timeout", "watchdog_timeout", node="node-2", labels={"pod": "beta", "namespace": "ml", "rank": "0",
+                                                                      "seq": "1580"})
+    assert history_key(a) != history_key(b)
+    job = ev("nccl_timeout", "watchdog_timeout", labels={JOB: "alpha", "namespace": "ml"})
+    assert history_key(a) != history_key(job)  # a pod named like a job is not that job
+    va = _decide(a, History(), at(0))
+    assert va.decision is None and "pod ml/alpha" in va.reason
+    vb = _decide(b, History(), at(1))
+    assert vb.decision is None and "pod ml/beta" in vb.reason
+
+
+def test_ranks_of_one_pod_without_a_job_correlate_with_each_other() -> None:
+    """A multi-GPU pod runs several ranks: without a job its reports still meet, under the pod's key and
+    group, and the decision names no job."""
+    def rank(r: int):  # type: ignore[no-untyped-def]
+        return ev("nccl_timeout", "watchdog_timeout", labels={"pod": "solo", "namespace": "ml", "rank": str(r),
+                                                              "seq": "1580", "op_type": "ALLREDUCE"})
+
+    verdicts, _h = run(_decide, [(rank(0), at(0)), (rank(1), at(1))])
+    d = verdicts[1].decision
+    assert d is not None and d.playbook == "nccl-timeout-no-suspect"
+    assert d.job is None and d.group == "pod:ml/solo"
+    assert d.labels == {"pod": "solo", "namespace": "ml", "history_key": "pod.ml.solo"}
+
+
 def test_registration_and_matching() -> None:
-    spec = REGISTRY.specs["nccl"]
-    assert spec.history_key is history_key
+    registry = default_registry()
+    spec = registry.specs["nccl"]
+    assert spec.history_key is history_key and spec.matches is matches
     assert {"nccl_timeout", "nccl_error", "job_failure", "xid", "ecc", "gpu_lost"} <= spec.kinds
     assert matches(ev("nccl_timeout", None))
     assert not matches(ev("xid", 79))  # hardware without a job: only the node's Xid handler
-    assert matches(ev("xid", 79, labels={"job": "llm"}))
-    assert sorted(s.name for s in REGISTRY.for_event(ev("xid", 79, labels={"job": "llm"}))) == ["nccl", "xid"]
+    assert matches(ev("xid", 79, labels={JOB: "llm"}))
+    assert sorted(s.name for s in registry.for_event(ev("xid", 79, labels={JOB: "llm"}))) == ["nccl", "xid"]
 
 
 # --- decision table ------------------------------------------------------------------------------
@@ -84,26 +129,26 @@ def test_settle_time_decides_a_single_rank() -> None:
 
 
 def test_job_failure_settles_at_once() -> None:
-    fail = ev("job_failure", "exitcode_-6", labels={"job": "llm", "namespace": "ml", "rank": "0"})
+    fail = ev("job_failure", "exitcode_-6", labels={JOB: "llm", "namespace": "ml", "rank": "0"})
     verdicts, _ = run(_decide, [(timeout(0, "node-1"), at(0)), (fail, at(5))])
     assert decisions(verdicts) == ["nccl-timeout-no-suspect"]
 
 
 @pytest.mark.parametrize(
     ("signal", "cause"),
-    [pytest.param(ev("xid", 79, node="node-2", gpu=GPU_B, labels={"job": "llm", "namespace": "ml"}), "hardware",
+    [pytest.param(ev("xid", 79, node="node-2", gpu=GPU_B, labels={JOB: "llm", "namespace": "ml"}), "hardware",
                   id="xid-79-on-a-rank-node"),
      pytest.param(ev("ecc", "dbe_volatile", node="node-2", gpu=GPU_B,
-                     labels={"job": "llm", "namespace": "ml", "value": "1"}), "hardware", id="dbe-on-a-rank-node"),
+                     labels={JOB: "llm", "namespace": "ml", "value": "1"}), "hardware", id="dbe-on-a-rank-node"),
      pytest.param(ev("nccl_timeout", None, node="node-2", gpu=GPU_B,
-                     labels={"job": "llm", "namespace": "ml", "rank": "1", "cuda_error": "214"}), "hardware",
+                     labels={JOB: "llm", "namespace": "ml", "rank": "1", "cuda_error": "214"}), "hardware",
                   id="cuda-214-in-watchdog"),
      pytest.param(ev("nccl_timeout", None, node="node-2", gpu=GPU_B,
-                     labels={"job": "llm", "namespace": "ml", "rank": "1"},
+                     labels={JOB: "llm", "namespace": "ml", "rank": "1"},
                      message="NCCL watchdog thread terminated with exception: CUDA error: uncorrectable NVLink "
                              "error detected during the execution"), "hardware", id="nvlink-text"),
      pytest.param(ev("nccl_timeout", None, node="node-2", gpu=GPU_B,
-                     labels={"job": "llm", "namespace": "ml", "rank": "1"},
+                     labels={JOB: "llm", "namespace": "ml", "rank": "1"},
                      message="ProcessGroupNCCL's watchdog got stuck for 600 seconds without making progress"),
                   "hardware", id="watchdog-hang")],
 )
@@ -117,13 +162,13 @@ def test_concurrent_hardware_signal_names_the_suspect(signal: object, cause: str
 
 
 def test_application_xid_is_not_a_hardware_signal() -> None:
-    xid13 = ev("xid", 13, node="node-2", labels={"job": "llm", "namespace": "ml"})
+    xid13 = ev("xid", 13, node="node-2", labels={JOB: "llm", "namespace": "ml"})
     verdicts, _ = run(_decide, [(timeout(0, "node-1"), at(0)), (xid13, at(5))])
     assert decisions(verdicts) == [] and "not a hardware signal" in verdicts[1].reason
 
 
 def test_hardware_before_any_nccl_failure_is_remembered() -> None:
-    xid79 = ev("xid", 79, node="node-3", gpu=GPU_C, labels={"job": "llm", "namespace": "ml"})
+    xid79 = ev("xid", 79, node="node-3", gpu=GPU_C, labels={JOB: "llm", "namespace": "ml"})
     verdicts, _ = run(_decide, [(xid79, at(0)), (timeout(0, "node-1"), at(30))])
     assert verdicts[0].decision is None and "no NCCL failure" in verdicts[0].reason
     d = verdicts[1].decision
@@ -136,8 +181,8 @@ def test_hardware_before_any_nccl_failure_is_remembered() -> None:
      pytest.param(timedelta(minutes=10, seconds=1), False, id="hardware-just-outside-window")],
 )
 def test_hardware_window_boundary(age: timedelta, suspect: bool) -> None:
-    xid79 = ev("xid", 79, node="node-3", gpu=GPU_C, labels={"job": "llm", "namespace": "ml"})
-    fail = ev("job_failure", None, labels={"job": "llm", "namespace": "ml"})
+    xid79 = ev("xid", 79, node="node-3", gpu=GPU_C, labels={JOB: "llm", "namespace": "ml"})
+    fail = ev("job_failure", None, labels={JOB: "llm", "namespace": "ml"})
     verdicts, _ = run(_decide, [(xid79, T0), (fail, T0 + age)])
     d = verdicts[-1].decision
     assert d is not None
@@ -145,7 +190,7 @@ def test_hardware_window_boundary(age: timedelta, suspect: bool) -> None:
 
 
 def test_hardware_after_no_suspect_supersedes() -> None:
-    xid48 = ev("xid", 48, node="node-2", gpu=GPU_B, labels={"job": "llm", "namespace": "ml"})
+    xid48 = ev("xid", 48, node="node-2", gpu=GPU_B, labels={JOB: "llm", "namespace": "ml"})
     verdicts, h = run(_decide, [(timeout(0, "node-1"), at(0)), (timeout(1, "node-2"), at(1)), (xid48, at(20))])
     assert decisions(verdicts) == ["nccl-timeout-no-suspect", "nccl-timeout-suspect"]
     d = verdicts[2].decision
@@ -262,9 +307,9 @@ def test_never_more_than_one_open_incident_per_job(seq: list[tuple[str, int, int
         node = f"node-{rank % 3}"
         e = {"timeout": timeout(rank, node, seq=1000 + rank % 2),
              "ib": ib_error(rank, node, f"10.0.0.{rank % 2}"),
-             "xid79": ev("xid", 79, node=node, labels={"job": "llm", "namespace": "ml"}),
-             "xid13": ev("xid", 13, node=node, labels={"job": "llm", "namespace": "ml"}),
-             "fail": ev("job_failure", None, node=node, labels={"job": "llm", "namespace": "ml"})}[what]
+             "xid79": ev("xid", 79, node=node, labels={JOB: "llm", "namespace": "ml"}),
+             "xid13": ev("xid", 13, node=node, labels={JOB: "llm", "namespace": "ml"}),
+             "fail": ev("job_failure", None, node=node, labels={JOB: "llm", "namespace": "ml"})}[what]
         v = _decide(e, h, now)
         h = v.history
         assert [i.group for i in h.incidents] in ([], [GROUP])
@@ -273,7 +318,7 @@ def test_never_more_than_one_open_incident_per_job(seq: list[tuple[str, int, int
 
 def test_healthy_hardware_event_is_not_a_signal() -> None:
     back = ev("gpu_lost", "NVML_ERROR_GPU_IS_LOST", node="node-2", is_healthy=True,
-              labels={"job": "llm", "namespace": "ml"})
+              labels={JOB: "llm", "namespace": "ml"})
     verdicts, _ = run(_decide, [(timeout(0, "node-1"), at(0)), (back, at(5)), (timeout(1, "node-1"), at(6))])
     assert decisions(verdicts) == ["nccl-timeout-no-suspect"]
 
@@ -281,7 +326,7 @@ def test_healthy_hardware_event_is_not_a_signal() -> None:
 def test_incident_id_is_derived_from_the_reporting_node() -> None:
     from handlers.base import incident_id_for
 
-    xid79 = ev("xid", 79, node="node-3", gpu=GPU_C, labels={"job": "llm", "namespace": "ml"})
+    xid79 = ev("xid", 79, node="node-3", gpu=GPU_C, labels={JOB: "llm", "namespace": "ml"})
     first = timeout(0, "node-1")
     verdicts, _ = run(_decide, [(xid79, at(0)), (first, at(5))])
     d = verdicts[1].decision

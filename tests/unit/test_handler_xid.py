@@ -9,10 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import handlers
-from handlers.base import REGISTRY, History, Incident
+from handlers import default_registry
+from handlers.base import History, Incident
 from handlers.incidents import close_incident, gpu_group, node_group
-from handlers.xid import XidPolicy, configure, current_policy, decide, evaluate
-from tests.unit.handler_helpers import GPU_A, GPU_B, GPU_C, T0, at, decisions, ev, run
+from handlers.xid import XidPolicy, evaluate
+from remediator.contracts import Origin
+from tests.unit.handler_helpers import GPU_A, GPU_B, GPU_C, JOB, T0, at, decisions, ev, run
 
 POLICY = XidPolicy()
 
@@ -28,24 +30,20 @@ def _decide(e, h, now):  # type: ignore[no-untyped-def]
 # --- registration ---------------------------------------------------------------------------------
 
 
-def test_importing_handlers_registers_xid_for_its_kinds() -> None:
-    assert handlers.xid is not None
-    spec = REGISTRY.specs["xid"]
+def test_default_registry_has_xid_for_its_kinds() -> None:
+    spec = default_registry().specs["xid"]
     assert spec.kinds == frozenset({"xid", "sxid", "gpu_lost"})
     assert spec.history_key is None  # per node
-    assert [s.name for s in REGISTRY.for_event(ev("xid", 79))] == ["xid"]
+    assert spec.policy == XidPolicy()
+    assert [s.name for s in default_registry().for_event(ev("xid", 79))] == ["xid"]
 
 
-def test_configure_sets_the_policy_of_the_registered_decide() -> None:
-    before = current_policy()
-    try:
-        configure(XidPolicy.from_settings(3600, 2))
-        v1 = decide(ev("xid", 13, labels={"job": "a"}), History(), at(0))
-        v2 = decide(ev("xid", 13, labels={"job": "b"}), v1.history, at(60))
-        assert v1.decision is None
-        assert v2.decision is not None and v2.decision.playbook == "app-xid-hardware-suspect"
-    finally:
-        configure(before)
+def test_the_registered_decide_uses_the_policy_it_was_registered_with() -> None:
+    spec = handlers.build_registry(handlers.HandlerPolicies(xid=XidPolicy.from_settings(3600, 2))).specs["xid"]
+    v1 = spec.decide(ev("xid", 13, labels={JOB: "a"}), History(), at(0), spec.policy)
+    v2 = spec.decide(ev("xid", 13, labels={JOB: "b"}), v1.history, at(60), spec.policy)
+    assert v1.decision is None
+    assert v2.decision is not None and v2.decision.playbook == "app-xid-hardware-suspect"
 
 
 def test_policy_rejects_nonsense() -> None:
@@ -99,7 +97,7 @@ def test_single_xid_decides(code: int, playbook: str, group: str) -> None:
      pytest.param(106, id="106-ignore"), pytest.param(92, id="92-sbe-rate")],
 )
 def test_application_and_ignore_codes_are_recorded_once(code: int) -> None:
-    e = ev("xid", code, labels={"job": "train-1"})
+    e = ev("xid", code, labels={JOB: "train-1"})
     v = _decide(e, History(), at(0))
     assert v.decision is None
     assert "recorded" in v.reason
@@ -108,7 +106,7 @@ def test_application_and_ignore_codes_are_recorded_once(code: int) -> None:
 
 
 def test_xid_13_once_says_recorded_with_the_count() -> None:
-    v = _decide(ev("xid", 13, labels={"job": "a"}), History(), at(0))
+    v = _decide(ev("xid", 13, labels={JOB: "a"}), History(), at(0))
     assert v.decision is None
     assert "recorded" in v.reason and "1 of 3" in v.reason
 
@@ -145,12 +143,19 @@ def test_healthy_xid_event_does_nothing() -> None:
 
 @pytest.mark.parametrize(
     ("label", "value"),
-    [pytest.param("job", "j", id="label-job"), pytest.param("job-name", "j", id="label-job-name"),
+    [pytest.param("batch.kubernetes.io/job-name", "j", id="label-batch"),
+     pytest.param("job-name", "j", id="label-job-name"),
      pytest.param("training.kubeflow.org/job-name", "j", id="label-kubeflow"),
-     pytest.param("pod", "j", id="label-pod")],
+     pytest.param("jobset.sigs.k8s.io/jobset-name", "j", id="label-jobset"),
+     pytest.param("origin", "j", id="origin-owner-reference")],
 )
 def test_13_in_three_jobs_is_hardware_suspect(label: str, value: str) -> None:
-    steps = [(ev("xid", 13, labels={label: f"{value}{i}"}), at(hours=i)) for i in range(3)]
+    def event(i: int):  # type: ignore[no-untyped-def]
+        if label == "origin":
+            return ev("xid", 13, origin=Origin(pod=f"pod-{i}", namespace="ml", job=f"{value}{i}"))
+        return ev("xid", 13, labels={label: f"{value}{i}"})
+
+    steps = [(event(i), at(hours=i)) for i in range(3)]
     verdicts, _h = run(_decide, steps)
     assert [v.decision for v in verdicts[:2]] == [None, None]
     d = verdicts[2].decision
@@ -161,22 +166,44 @@ def test_13_in_three_jobs_is_hardware_suspect(label: str, value: str) -> None:
     assert "3 different jobs" in d.reason
 
 
+@pytest.mark.parametrize(
+    "labels",
+    [pytest.param(lambda i: {"pod": f"train-{i}"}, id="pod-names"),
+     pytest.param(lambda i: {"job": f"j{i}"}, id="bare-job-label"),
+     pytest.param(lambda i: {"job": f"j{i}", "pod": f"j{i}-0"}, id="both")],
+)
+def test_pods_without_a_job_are_not_different_jobs(labels) -> None:  # type: ignore[no-untyped-def]
+    """The pod name (and a bare ``job`` label, which is Prometheus' scrape job on an alert) is no job: three
+    restarts of one job on this GPU, each in a new pod, are not three jobs. Old main counted them."""
+    verdicts, _h = run(_decide, [(ev("xid", 13, labels=labels(i)), at(hours=i)) for i in range(3)])
+    assert decisions(verdicts) == []
+    assert "no job label, so it is not counted" in verdicts[-1].reason
+
+
+def test_the_owner_reference_wins_over_the_labels() -> None:
+    """``origin.job`` (owner references) first, then the labels: one job under two label spellings is one."""
+    steps = [(ev("xid", 13, origin=Origin(job="llm"), labels={JOB: f"other-{i}"}), at(hours=i)) for i in range(3)]
+    verdicts, _h = run(_decide, steps)
+    assert decisions(verdicts) == []
+    assert "in job llm recorded" in verdicts[-1].reason
+
+
 def test_13_many_times_in_one_job_is_not_hardware() -> None:
-    steps = [(ev("xid", 13, labels={"job": "same"}), at(minutes=10 * i)) for i in range(20)]
+    steps = [(ev("xid", 13, labels={JOB: "same"}), at(minutes=10 * i)) for i in range(20)]
     verdicts, _h = run(_decide, steps)
     assert decisions(verdicts) == []
     assert "1 of 3" in verdicts[-1].reason
 
 
 def test_mixed_application_codes_count_together_on_one_gpu() -> None:
-    steps = [(ev("xid", 13, labels={"job": "a"}), at(0)), (ev("xid", 31, labels={"job": "b"}), at(hours=1)),
-             (ev("xid", 13, labels={"job": "c"}), at(hours=2))]
+    steps = [(ev("xid", 13, labels={JOB: "a"}), at(0)), (ev("xid", 31, labels={JOB: "b"}), at(hours=1)),
+             (ev("xid", 13, labels={JOB: "c"}), at(hours=2))]
     verdicts, _ = run(_decide, steps)
     assert decisions(verdicts) == ["app-xid-hardware-suspect"]
 
 
 def test_application_xids_on_different_gpus_do_not_add_up() -> None:
-    steps = [(ev("xid", 13, gpu=g, labels={"job": j}), at(hours=i))
+    steps = [(ev("xid", 13, gpu=g, labels={JOB: j}), at(hours=i))
              for i, (g, j) in enumerate([(GPU_A, "a"), (GPU_B, "b"), (GPU_C, "c")])]
     verdicts, _ = run(_decide, steps)
     assert decisions(verdicts) == []
@@ -197,25 +224,25 @@ def test_application_xid_without_job_is_not_counted() -> None:
 )
 def test_application_window_boundary(first_age: timedelta, decides: bool) -> None:
     now = T0 + timedelta(days=2)
-    steps = [(ev("xid", 13, labels={"job": "a"}), now - first_age),
-             (ev("xid", 13, labels={"job": "b"}), now - timedelta(hours=1)),
-             (ev("xid", 13, labels={"job": "c"}), now)]
+    steps = [(ev("xid", 13, labels={JOB: "a"}), now - first_age),
+             (ev("xid", 13, labels={JOB: "b"}), now - timedelta(hours=1)),
+             (ev("xid", 13, labels={JOB: "c"}), now)]
     verdicts, _ = run(_decide, steps)
     assert (verdicts[-1].decision is not None) == decides
 
 
 def test_threshold_and_window_are_policy() -> None:
     policy = XidPolicy(app_window=timedelta(hours=1), app_threshold=2)
-    steps = [(ev("xid", 31, labels={"job": "a"}), at(0)), (ev("xid", 31, labels={"job": "b"}), at(minutes=59))]
+    steps = [(ev("xid", 31, labels={JOB: "a"}), at(0)), (ev("xid", 31, labels={JOB: "b"}), at(minutes=59))]
     verdicts, _ = run(lambda e, h, n: evaluate(e, h, n, policy), steps)
     assert decisions(verdicts) == ["app-xid-hardware-suspect"]
-    steps = [(ev("xid", 31, labels={"job": "a"}), at(0)), (ev("xid", 31, labels={"job": "b"}), at(minutes=61))]
+    steps = [(ev("xid", 31, labels={JOB: "a"}), at(0)), (ev("xid", 31, labels={JOB: "b"}), at(minutes=61))]
     verdicts, _ = run(lambda e, h, n: evaluate(e, h, n, policy), steps)
     assert decisions(verdicts) == []
 
 
 def test_fourth_job_folds_into_the_suspect_incident() -> None:
-    steps = [(ev("xid", 13, labels={"job": f"j{i}"}), at(hours=i)) for i in range(4)]
+    steps = [(ev("xid", 13, labels={JOB: f"j{i}"}), at(hours=i)) for i in range(4)]
     verdicts, _h = run(_decide, steps)
     assert decisions(verdicts) == ["app-xid-hardware-suspect"]
     assert verdicts[3].updated_incident == verdicts[2].decision.incident_id  # type: ignore[union-attr]
@@ -225,16 +252,16 @@ def test_fourth_job_folds_into_the_suspect_incident() -> None:
 
 
 def test_43_after_13_is_not_counted() -> None:
-    steps = [(ev("xid", 13, labels={"job": "a"}), at(0)), (ev("xid", 43, labels={"job": "b"}), at(10)),
-             (ev("xid", 13, labels={"job": "c"}), at(hours=1))]
+    steps = [(ev("xid", 13, labels={JOB: "a"}), at(0)), (ev("xid", 43, labels={JOB: "b"}), at(10)),
+             (ev("xid", 13, labels={JOB: "c"}), at(hours=1))]
     verdicts, _ = run(_decide, steps)
     assert "teardown after Xid 13" in verdicts[1].reason
     assert decisions(verdicts) == []  # b's 43 followed a's 13, so only 2 jobs count
 
 
 def test_43_after_quiet_gap_counts_as_its_own() -> None:
-    steps = [(ev("xid", 13, labels={"job": "a"}), at(0)), (ev("xid", 43, labels={"job": "b"}), at(minutes=4)),
-             (ev("xid", 13, labels={"job": "c"}), at(hours=1))]
+    steps = [(ev("xid", 13, labels={JOB: "a"}), at(0)), (ev("xid", 43, labels={JOB: "b"}), at(minutes=4)),
+             (ev("xid", 13, labels={JOB: "c"}), at(hours=1))]
     verdicts, _ = run(_decide, steps)
     assert decisions(verdicts) == ["app-xid-hardware-suspect"]
 
@@ -404,7 +431,7 @@ def test_incident_ids_are_deterministic() -> None:
 
 
 def test_storm_keeps_history_small() -> None:
-    steps = [(ev("xid", 13, labels={"job": "a"}), at(i)) for i in range(500)]
+    steps = [(ev("xid", 13, labels={JOB: "a"}), at(i)) for i in range(500)]
     _, h = run(_decide, steps)
     assert len(h.sightings) == 2
 
@@ -425,7 +452,7 @@ def test_bursts_and_flapping_never_open_two_incidents_per_group(
     for code, gpu, gap, job in seq:
         now = now + timedelta(seconds=gap)
         message = "recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)" if code == 154 else ""
-        v = _decide(ev("xid", code, gpu=gpu, labels={"job": job}, message=message), h, now)
+        v = _decide(ev("xid", code, gpu=gpu, labels={JOB: job}, message=message), h, now)
         h = v.history
         groups = [i.group for i in h.incidents]
         assert len(groups) == len(set(groups))
