@@ -17,6 +17,13 @@ Layout under ``root``::
     proc/<pid>/cgroup     cgroup of each simulated GPU process (kubepods path with the pod UID)
     kubelet/pods/<uid>/   one directory per running pod, like /var/lib/kubelet/pods
 
+The node's kubelet side: attached to a simulated cluster (``ClusterState.attach_gpu_node``), the node
+reports its drained (isolated) and lost GPUs as unhealthy devices, as the NVIDIA device plugin would, so
+the simulated device manager never assigns them; and it keeps the device allocation the cluster's
+kubelet hands it (``pod_resources`` in ``state.json``: the PodResources ``List`` view, device IDs being
+GPU UUIDs), from which ``gpu_holders`` tells the agent which pods hold a GPU (``PodResourcesView``). A
+node that was never attached has no allocation, and ``gpu_holders`` says it cannot tell (None).
+
 Several processes may open the same root (an agent started by ``remediator agent --sim-gpus`` and an
 injector in a test or drill): every change is a read-modify-write of ``state.json`` under an exclusive
 ``flock``. ``SimFleet`` runs N simulated nodes and their agents in one process (the demo runs 8).
@@ -44,6 +51,7 @@ from typing import Any
 
 from remediator.agent.host import (
     EccCounts,
+    GpuHolder,
     GpuIdentity,
     GpuProcess,
     GpuSnapshot,
@@ -568,6 +576,42 @@ class SimGpuNode:
         if not hc:
             return None
         return RunResult(bool(hc["ok"]), f"dcgmi diag -r 1 (simulated): {hc.get('detail') or 'Pass'}")
+
+    # --- the kubelet's device plugin and PodResources view --------------------------------------------
+
+    def unhealthy_devices(self) -> set[int]:
+        """GPU indices the device plugin reports unhealthy: drained by ``isolate_gpu`` or lost."""
+        return {int(g["index"]) for g in self._current().get("gpus", []) if g.get("isolated") or g.get("lost")}
+
+    def device_ids(self) -> list[str]:
+        """The device plugin's device IDs, in index order: the GPU UUIDs."""
+        return [str(g["uuid"]) for g in self._current().get("gpus", [])]
+
+    def write_pod_resources(self, pods: Sequence[dict[str, Any]]) -> None:
+        """Keep the kubelet's device allocation for this node (PodResources ``List`` entries)."""
+        with self._mutate() as st:
+            st["pod_resources"] = json.loads(json.dumps(list(pods)))
+
+    def pod_resources(self) -> list[dict[str, Any]] | None:
+        """The allocation the kubelet last handed this node; None if it never did."""
+        pr = self._current().get("pod_resources")
+        return None if pr is None else list(pr)
+
+    def gpu_holders(self, gpu: GpuIdentity) -> tuple[GpuHolder, ...] | None:
+        """The containers the kubelet allocated ``gpu`` to (joined on the GPU UUID); None when this node
+        was never given an allocation (not attached to a simulated cluster)."""
+        st = self._current()
+        pods = st.get("pod_resources")
+        if pods is None:
+            return None
+        uuid = self._gpu(st, gpu.index)["uuid"]
+        holders: list[GpuHolder] = []
+        for pod in pods:
+            for c in pod.get("containers", []):
+                if any(uuid in d.get("device_ids", []) for d in c.get("devices", [])):
+                    holders.append(GpuHolder(namespace=str(pod["namespace"]), name=str(pod["name"]),
+                                             uid=pod.get("uid"), container=str(c.get("name", ""))))
+        return tuple(holders)
 
     # --- PodView -------------------------------------------------------------------------------------
 

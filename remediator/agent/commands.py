@@ -11,7 +11,8 @@ Verbs (``cmd.gpu`` names the GPU by any of index, uuid, PCI bus id):
 =================  ==========================================================================================
 verb               does
 =================  ==========================================================================================
-``isolate_gpu``    ``nvidia-smi drain -p <pci> -m 1`` (no new work lands on it); no-op when already isolated
+``isolate_gpu``    ``nvidia-smi drain -p <pci> -m 1`` (no new work lands on it); no-op when already isolated;
+                   the reply names the pods holding the GPU (``after.holders``)
 ``release_gpu``    undoes ``isolate_gpu`` (``-m 0``); no-op when not isolated (``params.force``: run anyway)
 ``reset_gpu``      ``nvidia-smi --gpu-reset -i <index>``; refused (``ok=False``) while any compute process
                    holds the GPU, when the process list cannot be read, or when the GPU is lost
@@ -20,8 +21,15 @@ verb               does
 ``health_check``   NVML checks (not lost, no volatile DBE, no pending/failed row remap, no pending page
                    retirement, temperature below the limit) plus the configured command (``dcgmi diag -r 1``)
 ``reboot_node``    the configured reboot hook (simulated node: a simulated reboot); refused if none
-``status``         every GPU's snapshot, the isolated GPUs, and the agent's counters
+``status``         every GPU's snapshot with its holders, the isolated GPUs, and the agent's counters;
+                   with ``cmd.gpu``, that GPU's holders as ``after.holders`` too
 =================  ==========================================================================================
+
+Holders: the containers the kubelet's device manager gave the GPU to, ``[{namespace, name, uid,
+container}]``, from the agent's ``PodResourcesView`` (the GPU backend when it is one, as the simulated node
+is). ``after.holders_known`` is False, and the detail says so, where the agent has no such source (a real
+node until the kubelet PodResources API is read, issue 10): then ``holders`` is empty and means "unknown",
+not "free". The service evicts exactly the holders, by UID.
 
 Idempotency: the reply of a command that changed something is kept under its id (in memory and in the
 state directory, the last 512), and a repeat of that id returns it without acting again. Refusals, no-ops,
@@ -43,7 +51,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from pydantic import ValidationError
 
-from remediator.agent.host import GpuBackend, GpuSnapshot, HostRunner, PodView, RunResult
+from remediator.agent.host import GpuBackend, GpuSnapshot, HostRunner, PodResourcesView, PodView, RunResult
 from remediator.agent.orphans import find_orphans
 from remediator.agent.state import StateStore
 from remediator.contracts import AgentCommand, AgentReply, Change, GpuRef, normalize_pci_bus_id
@@ -53,6 +61,8 @@ log = logging.getLogger(__name__)
 
 CACHE_SIZE = 512
 DEFAULT_TEMPERATURE_LIMIT_C = 90
+NO_HOLDER_SOURCE = ("which pods hold the GPU is unknown: this agent reads no PodResources source (the kubelet "
+                    "PodResources API is not wired in yet)")
 
 
 class _Refused(Exception):
@@ -64,9 +74,12 @@ class CommandResponder:
 
     def __init__(self, *, node: str, gpus: GpuBackend | None, host: HostRunner, pods: PodView | None,
                  state: StateStore, status_extra: Callable[[], dict[str, Any]] | None = None,
-                 temperature_limit_c: int = DEFAULT_TEMPERATURE_LIMIT_C, kill_wait_s: float = 5.0) -> None:
+                 temperature_limit_c: int = DEFAULT_TEMPERATURE_LIMIT_C, kill_wait_s: float = 5.0,
+                 pod_resources: PodResourcesView | None = None) -> None:
         self.node = node
         self.gpus = gpus
+        self.pod_resources = pod_resources if pod_resources is not None else (
+            gpus if isinstance(gpus, PodResourcesView) else None)
         self.host = host
         self.pods = pods
         self.state = state
@@ -160,6 +173,20 @@ class CommandResponder:
                 return snap
         raise _Refused(f"no GPU {ref.key} on node {self.node}")
 
+    async def _holders(self, snap: GpuSnapshot) -> list[dict[str, Any]] | None:
+        """The containers holding ``snap``'s GPU; None when this agent cannot tell."""
+        source = self.pod_resources
+        if source is None:
+            return None
+        found = await asyncio.to_thread(source.gpu_holders, snap.identity)
+        return None if found is None else [h.to_dict() for h in found]
+
+    async def _with_holders(self, snap: GpuSnapshot, after: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        """``after`` with ``holders``/``holders_known``, and a note for the detail when they are unknown."""
+        holders = await self._holders(snap)
+        note = "" if holders is not None else f"; {NO_HOLDER_SOURCE}"
+        return {**after, "holders": holders or [], "holders_known": holders is not None}, note
+
     def _save_isolation(self) -> None:
         self.state.save("isolation", {"isolated": sorted(self._isolated)})
 
@@ -175,13 +202,16 @@ class CommandResponder:
         key = snap.identity.key
         before = {"isolated": key in self._isolated}
         if key in self._isolated:
-            return AgentReply(id=cmd.id, ok=True, detail=f"GPU {snap.index} is already isolated",
-                              before=before, after=before), False
+            after, note = await self._with_holders(snap, before)
+            return AgentReply(id=cmd.id, ok=True, detail=f"GPU {snap.index} is already isolated{note}",
+                              before=before, after=after), False
         r = await self.host.isolate_gpu(snap.identity)
         if r.ok:
             self._isolated.add(key)
             self._save_isolation()
-        return self._result(cmd, r, before, {"isolated": key in self._isolated})
+        after, note = await self._with_holders(snap, {"isolated": key in self._isolated})
+        return AgentReply(id=cmd.id, ok=r.ok, changed=r.ok, detail=r.detail + note, before=before,
+                          after=after), True
 
     async def _release_gpu(self, cmd: AgentCommand) -> tuple[AgentReply, bool]:
         snap = await self._resolve(cmd.gpu)
@@ -302,8 +332,15 @@ class CommandResponder:
 
     async def _status(self, cmd: AgentCommand) -> tuple[AgentReply, bool]:
         snaps = await self._snapshots()
-        after: dict[str, Any] = {"node": self.node, "gpus": [s.to_dict() for s in snaps],
-                                 "isolated": sorted(self._isolated)}
+        gpus = [{**s.to_dict(), "holders": await self._holders(s)} for s in snaps]
+        after: dict[str, Any] = {"node": self.node, "gpus": gpus, "isolated": sorted(self._isolated),
+                                 "holders_known": self.pod_resources is not None}
+        note = "" if self.pod_resources is not None else f"; {NO_HOLDER_SOURCE}"
+        detail = f"{len(snaps)} GPU(s)"
+        if cmd.gpu is not None:
+            target = await self._resolve(cmd.gpu)
+            after, note = await self._with_holders(target, after)
+            detail += f"; GPU {target.index} is held by {len(after['holders'])} container(s)"
         if self.status_extra is not None:
             after.update(self.status_extra())
-        return AgentReply(id=cmd.id, ok=True, detail=f"{len(snaps)} GPU(s)", after=after), False
+        return AgentReply(id=cmd.id, ok=True, detail=detail + note, after=after), False

@@ -12,6 +12,10 @@ agent code as a real node.
 - ``HostRunner``: the side effects of the node-local playbook steps (drain/undrain a GPU, reset it, kill a
   process, the reboot hook, the configured health command).
 - ``PodView``: which pods the kubelet runs and which pod a PID belongs to (for orphan detection).
+- ``PodResourcesView``: which pods (namespace, name, UID, container) the kubelet's device manager gave a
+  GPU to, for ``isolate_gpu``/``status`` replies and so for the service's per-GPU eviction. The simulated
+  node implements it from the simulated kubelet's allocation; on a real node it is the kubelet's
+  PodResources API (issue 10), until then there is none and the agent says it cannot tell.
 """
 
 from __future__ import annotations
@@ -198,6 +202,28 @@ class PidInfo:
 
     visible: bool
     pod_uid: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuHolder:
+    """A container the kubelet allocated a GPU to. ``uid`` is None where the source cannot tell it."""
+
+    namespace: str
+    name: str
+    uid: str | None
+    container: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"namespace": self.namespace, "name": self.name, "uid": self.uid, "container": self.container}
+
+
+@runtime_checkable
+class PodResourcesView(Protocol):
+    """Which containers hold which GPU, as the kubelet's device manager allocated them."""
+
+    def gpu_holders(self, gpu: GpuIdentity) -> tuple[GpuHolder, ...] | None:
+        """The containers holding ``gpu``; None when this source cannot tell (then nobody is assumed)."""
+        ...
 
 
 @runtime_checkable
