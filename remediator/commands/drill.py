@@ -1,9 +1,11 @@
-"""``remediator drill list`` / ``remediator drill run NAME… | --all [--json]``: the chaos drills.
+"""``remediator drill list`` / ``remediator drill run NAME|FILE… | --all [--json]``: the chaos drills.
 
-Where it sits: a thin CLI over ``chaos.drill`` (imported only when a drill command runs, so the service's
-path never loads the chaos package). Each drill starts its own embedded NATS, simulated cluster, agents
-and service, plays its timeline and judges its expectations. Progress and each expectation's verdict go to
-standard error; with ``--json`` standard output is exactly one document
+Where it sits: a thin CLI over the drill catalog (``chaos.catalog``) and runner (``chaos.runner``),
+imported only when a drill command runs, so the service's path never loads the chaos package. ``run`` takes
+shipped drills by name (``--all``: every one of ``chaos/drills/*.yaml``) or any drill file by its path
+(``chaos/demo.yaml``, the demo's, is not among the shipped ones). Each drill starts its own embedded NATS,
+simulated cluster, agents and service, plays its timeline and judges its expectations. Progress and each
+expectation's verdict go to standard error; with ``--json`` standard output is exactly one document
 ``{"passed", "drills": [{"name", "passed", "seconds", "expectations": [{"what", "passed", "detail"}]}]}``.
 Exit 0 only when every drill passed; 2 for an unknown or invalid drill.
 """
@@ -31,7 +33,7 @@ def drill() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print [{name, description}] as one JSON document.")
 def list_cmd(as_json: bool) -> None:
     """List the shipped drills (chaos/drills/*.yaml)."""
-    from chaos import drill as drills
+    from chaos import catalog as drills
 
     try:
         found = drills.list_drills()
@@ -47,14 +49,15 @@ def list_cmd(as_json: bool) -> None:
         click.echo(f"{d.name:<{width}}  {drills.describe(d)}")
 
 
-@drill.command("run", help="Run the named drills (or --all), one after the other: progress and every "
-               "expectation's verdict on stderr; exit 0 only when all passed, 1 when one failed, 2 for an "
+@drill.command("run", help="Run the named drills or drill files (or --all), one after the other: progress and "
+               "every expectation's verdict on stderr; exit 0 only when all passed, 1 when one failed, 2 for an "
                f"unknown or invalid drill. {_SIMULATED_ONLY}")
 @click.argument("names", nargs=-1)
 @click.option("--all", "run_all", is_flag=True, help="Run every shipped drill.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON document on stdout.")
 def run_cmd(names: tuple[str, ...], run_all: bool, as_json: bool) -> None:
-    from chaos import drill as drills
+    from chaos import catalog as drills
+    from chaos.runner import run_drill
 
     logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
     if run_all == bool(names):
@@ -72,7 +75,7 @@ def run_cmd(names: tuple[str, ...], run_all: bool, as_json: bool) -> None:
     reports = []
     for d in chosen:
         click.echo(f"== drill {d.name}: {drills.describe(d)}", err=True)
-        report = asyncio.run(drills.run_drill(d, progress))
+        report = asyncio.run(run_drill(d, progress))
         reports.append(report)
         click.echo(f"[{'PASS' if report.passed else 'FAIL'}] {d.name} in {report.seconds:.1f}s", err=True)
         for v in report.expectations:

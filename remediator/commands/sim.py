@@ -37,7 +37,7 @@ import click
 def sim(nodes: int, port: int, kubeconfig_out: Path, gpus_per_node: int, pools: int, gpu_state: Path | None,
         as_json: bool) -> None:
     """Serve a simulated GPU cluster (Kubernetes API and GPU nodes) until SIGTERM/SIGINT."""
-    from chaos.scenario import mirror_pods
+    from chaos.kubelet import mirror_pods
     from chaos.sim import KubeApiServer, seed_cluster
     from chaos.sim.gpu_node import SimGpuNode
 

@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from chaos.drill import drill_paths, get_drill, run_drill
+from chaos.catalog import drill_paths, get_drill
+from chaos.runner import run_drill
 
 DRILLS = [p.stem for p in drill_paths()]
 

@@ -1,5 +1,5 @@
-"""The drill schema (``chaos.drill``): the shipped drills load, and a bad drill is refused with an error that
-names the file and the field."""
+"""The drill schema (``chaos.schema``, loaded by ``chaos.catalog``): the shipped drills load, and a bad drill is
+refused with an error that names the file and the field."""
 
 from __future__ import annotations
 
@@ -10,17 +10,9 @@ from typing import Any, get_args
 import pytest
 import yaml
 
-from chaos.drill import (
-    ActionSpec,
-    DrillError,
-    FaultSpec,
-    build_faults,
-    describe,
-    drill_paths,
-    list_drills,
-    load_drill,
-    parse_drill,
-)
+from chaos.catalog import DrillError, demo_drill, describe, drill_paths, get_drill, list_drills, load_drill, parse_drill
+from chaos.runner import build_faults
+from chaos.schema import ActionSpec, FaultSpec
 
 SHIPPED = {
     "alertmanager-replays", "kube-api-flaky", "manual-uncordon-cancels", "nats-outage-during-burst",
@@ -55,10 +47,11 @@ def test_every_shipped_drill_loads_under_its_file_name() -> None:
         assert set(d.expect.faults) == {e.fault.name for e in d.timeline if e.fault is not None}
 
 
-def test_the_shipped_drills_use_every_injector_and_chaos_action() -> None:
+def test_the_shipped_drills_and_the_demo_use_every_injector_and_chaos_action() -> None:
     faults = {e.fault.type for d in list_drills() for e in d.timeline if e.fault is not None}
     actions = {e.action.type for d in list_drills() for e in d.timeline if e.action is not None}
     assert faults >= _types(FaultSpec) - {"agent_orphan", "nccl_ranks"}  # those two: the demo exercises them
+    assert faults | {e.fault.type for e in demo_drill().timeline if e.fault is not None} == _types(FaultSpec)
     assert actions == _types(ActionSpec)
 
 
@@ -141,6 +134,10 @@ BAD = [
                  id="unknown-audit-what"),
     pytest.param("expect.never", {"untouched": ["gpu-node-7"]}, "expect.never.untouched.0: 'gpu-node-7' is not a node",
                  id="untouched-outside-the-cluster"),
+    pytest.param("expect.faults.xid79.check", ["job_restarted"], "expect.faults.xid79.check: job_restarted judges "
+                 "the job of an nccl_ranks fault", id="job-check-on-a-gpu-fault"),
+    pytest.param("timeline.1.fault.kind", "ecc", "timeline.1.fault.webhook_xid.kind: Extra inputs are not permitted",
+                 id="kind-is-the-injectors-not-the-files"),
 ]
 
 
@@ -168,6 +165,14 @@ def test_the_base_drill_is_valid() -> None:
 def test_text_that_is_not_a_drill_is_refused(text: str, message: str) -> None:
     with pytest.raises(DrillError, match=message):
         parse_drill(text, "x.yaml")
+
+
+def test_a_drill_file_is_found_by_its_path(tmp_path: Path) -> None:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    assert get_drill(str(path)).name == "tiny"
+    with pytest.raises(DrillError, match="no drill named 'tiny'"):
+        get_drill("tiny")
 
 
 def test_the_name_must_be_the_file_name(tmp_path: Path) -> None:

@@ -1,0 +1,115 @@
+"""Chaos actions: the machinery around the faults breaks while a drill runs.
+
+Where it sits: beside the fault injectors (``chaos.injectors``), called by the drill runner
+(``chaos.runner``) for a timeline's ``action`` entries, acting on the world (``chaos.world.World``). They
+break the bus (``nats_restart``), the Kubernetes API (``kube_api_errors``, ``kube_latency``), the service
+(``kill_replica``), an agent (``agent_disconnect``) and they play the people around the system
+(``manual_uncordon``, ``opt_out``, ``block_pdb``). Each returns (or its task returns) one line saying
+what it did, for the drill's report; an outage it causes is recorded on the world (``World.outages``) so
+the runner can prove a fault injected meanwhile was handled only after it ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from chaos import replica as replicas
+from chaos.replica import Replica
+from chaos.sim.cluster import InjectedFault
+from chaos.sim.gpu_node import sim_agent
+from chaos.world import Outage, World, start_replica
+from remediator.bus import EXECUTOR_CONSUMER
+from remediator.contracts import OPT_OUT_LABEL
+from remediator.subjects import REMEDIATIONS_STREAM
+
+
+async def nats_restart(world: World, down_s: float) -> str:
+    """Stop the nats-server (SIGTERM, as a pod eviction would), keep it down ``down_s`` seconds, start it
+    again on the same port with the same store. Returns what happened, for the report."""
+    assert world.nats_server is not None
+    t0 = time.monotonic()
+    await asyncio.to_thread(world.nats_server.stop)
+    stopped = time.monotonic()
+    outage = Outage("nats-server", None, datetime.now(UTC))
+    world.outages.append(outage)
+    await asyncio.sleep(down_s)
+    await asyncio.to_thread(world.nats_server.start)
+    outage.end = datetime.now(UTC)
+    return (f"nats-server down {time.monotonic() - stopped:.1f}s (stopping took {stopped - t0:.1f}s), "
+            f"back on {world.nats_server.url}")
+
+
+def kube_api_errors(world: World, status: int, *, count: int, method: str = "*", path: str = ".*",
+                    retry_after: int | None = None) -> InjectedFault:
+    """The next ``count`` matching Kubernetes API requests are answered with ``status`` (``Retry-After``)."""
+    fault = world.cluster.inject_error(status, method=method, path=path, count=count, retry_after=retry_after)
+    world.kube_faults.append(fault)
+    return fault
+
+
+async def kube_latency(world: World, seconds: float, *, method: str = "*", path: str = ".*",
+                       for_s: float | None = None) -> str:
+    """Delay matching Kubernetes API requests by ``seconds``, for ``for_s`` seconds (None: until the end)."""
+    fault = world.cluster.add_latency(seconds, method=method, path=path)
+    world.kube_faults.append(fault)
+    if for_s is None:
+        return f"{seconds:g}s added to {method} {path}"
+    await asyncio.sleep(for_s)
+    world.cluster.remove_fault(fault)
+    return f"{seconds:g}s added to {fault.hits} requests ({method} {path}) for {for_s:g}s"
+
+
+async def kill_replica(world: World) -> Replica:
+    """The serving replica's process dies mid-flight (``chaos.replica.crash``: no graceful drain), and a
+    fresh replica starts on the same bus. Returns the new replica."""
+    await replicas.crash(world.replica)
+    return await start_replica(world)
+
+
+async def agent_disconnect(world: World, node: str, down_s: float) -> str:
+    """Stop ``node``'s agent, keep it down ``down_s`` seconds (what the node logs meanwhile waits in its
+    kernel log), then start a fresh agent on the same state directory."""
+    await world.fleet.agents[node].stop()
+    outage = Outage(f"the agent of {node}", node, datetime.now(UTC))
+    world.outages.append(outage)
+    await asyncio.sleep(down_s)
+    agent = sim_agent(world.sim(node), nats_url=world.nats_url, **world.agent_options)
+    world.fleet.agents[node] = agent
+    await agent.start()
+    outage.end = datetime.now(UTC)
+    return f"agent of {node} down {down_s:g}s, restarted"
+
+
+def manual_uncordon(world: World, node: str, *, remove_taint: bool = False) -> str:
+    """A person runs ``kubectl uncordon`` (and, with ``remove_taint``, removes the quarantine taint)."""
+    patch: dict[str, Any] = {"spec": {"unschedulable": None}}
+    if remove_taint:
+        patch["spec"]["taints"] = [t for t in world.cluster.taints(node) if t.get("key") != world.settings.taint_key]
+    world.cluster.patch("nodes", node, patch)
+    return f"a person uncordoned {node}" + (" and removed the quarantine taint" if remove_taint else "")
+
+
+def opt_out(world: World, node: str) -> str:
+    """A person labels ``node`` ``gpu-remediator.io/opt-out=true``."""
+    world.cluster.patch("nodes", node, {"metadata": {"labels": {OPT_OUT_LABEL: "true"}}})
+    return f"{node} labelled {OPT_OUT_LABEL}=true"
+
+
+def block_pdb(world: World, namespace: str, name: str, blocked: bool = True) -> str:
+    """A PodDisruptionBudget refuses every eviction (``blocked`` False: allows them again)."""
+    world.cluster.block_pdb(namespace, name, blocked)
+    return f"PodDisruptionBudget {namespace}/{name} {'refuses' if blocked else 'allows'} evictions"
+
+
+async def set_redelivery(world: World, ack_wait_s: float) -> None:
+    """Shorten the executor consumer's ack wait, so a crashed replica's decision comes back in seconds (the
+    production ack wait is minutes). Replicas started later must not re-provision the bus."""
+    assert world.js is not None
+    info = await world.js.consumer_info(REMEDIATIONS_STREAM, EXECUTOR_CONSUMER)
+    config = info.config
+    config.ack_wait = ack_wait_s
+    await world.js.add_consumer(REMEDIATIONS_STREAM, config)
+

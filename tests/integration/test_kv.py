@@ -1,0 +1,116 @@
+"""The one compare-and-set helper (``remediator.kv``) against a real nats-server's KV: revisions, lost races,
+retries of a pure update, and the stores built on it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from nats.js.kv import KeyValue
+
+from handlers.base import History, Incident
+from remediator import bus
+from remediator.errors import Conflict
+from remediator.kv import LostRace, json_documents
+from remediator.natsd import EmbeddedNats
+from remediator.state import StateConflict, StateStore
+from remediator.subjects import STATE_BUCKET
+
+from .executor_support import T0, fast_settings
+
+
+@pytest.fixture
+async def kv(nats_server: EmbeddedNats) -> AsyncIterator[KeyValue]:
+    nc, js = await bus.connect(nats_server.url)
+    try:
+        await bus.provision(js, fast_settings(nats_server.url))
+        yield await js.key_value(STATE_BUCKET)
+    finally:
+        await nc.drain()
+
+
+async def test_put_names_the_revision_it_read_and_a_lost_race_is_a_conflict(kv: KeyValue) -> None:
+    docs = json_documents(kv)
+    absent = await docs.get("doc.a")
+    assert (absent.value, absent.revision) == (None, 0)
+    rev = await docs.put("doc.a", {"n": 1}, 0)
+    with pytest.raises(LostRace) as created_twice:
+        await docs.put("doc.a", {"n": 2}, 0)
+    assert isinstance(created_twice.value, Conflict)
+    rev2 = await docs.put("doc.a", {"n": 2}, rev)
+    with pytest.raises(LostRace):
+        await docs.put("doc.a", {"n": 3}, rev)  # stale: someone wrote revision rev2 since
+    now = await docs.get("doc.a")
+    assert (now.value, now.revision) == ({"n": 2}, rev2)
+    assert await docs.delete("doc.a", rev) is False  # not ours any more
+    assert await docs.delete("doc.a", rev2) is True
+    assert (await docs.get("doc.a")).revision == 0
+
+
+async def test_update_reapplies_its_pure_function_after_a_lost_race(kv: KeyValue) -> None:
+    docs = json_documents(kv)
+    await docs.put("doc.b", {"n": 0}, 0)
+    seen: list[int] = []
+
+    def bump(doc: dict[str, Any] | None) -> tuple[dict[str, Any] | None, int]:
+        n = int((doc or {})["n"])
+        seen.append(n)
+        return {"n": n + 1}, n + 1
+
+    async def racing_writer() -> None:
+        cur = await docs.get("doc.b")
+        await docs.put("doc.b", {"n": 10}, cur.revision)
+
+    real_get = docs.get
+    raced = False
+
+    async def get_then_race(key: str) -> Any:
+        nonlocal raced
+        entry = await real_get(key)
+        if not raced:  # another writer lands between our read and our write, once
+            raced = True
+            await racing_writer()
+        return entry
+
+    docs.get = get_then_race  # type: ignore[method-assign]
+    assert await docs.update("doc.b", bump) == 11
+    assert seen == [0, 10]  # decided again on the value that won
+    assert (await real_get("doc.b")).value == {"n": 11}
+
+
+async def test_update_writes_nothing_for_no_change_and_gives_up_after_max_attempts(kv: KeyValue) -> None:
+    docs = json_documents(kv, max_attempts=3)
+    rev = await docs.put("doc.c", {"n": 1}, 0)
+    assert await docs.update("doc.c", lambda d: (d, "same")) == "same"
+    assert (await docs.get("doc.c")).revision == rev
+
+    calls = 0
+
+    def always_raced(doc: dict[str, Any] | None) -> tuple[dict[str, Any] | None, None]:
+        nonlocal calls
+        calls += 1
+        return {"n": 100 + calls}, None
+
+    real_put = docs.put
+
+    async def put_after_someone_else(key: str, value: Any, revision: int) -> int:
+        await real_put(key, {"other": True}, (await docs.get(key)).revision)
+        return await real_put(key, value, revision)
+
+    docs.put = put_after_someone_else  # type: ignore[method-assign]
+    with pytest.raises(LostRace, match="lost 3 times in a row"):
+        await docs.update("doc.c", always_raced)
+    assert calls == 3
+
+
+async def test_state_store_keeps_its_api_on_the_helper(kv: KeyValue) -> None:
+    store = StateStore(kv, max_attempts=2)
+    history, rev = await store.get("node.n1")
+    assert (history, rev) == (History(), 0)
+    inc = Incident("inc-1", "g", "gpu-lost", T0, T0)
+    assert await store.compare_and_set("node.n1", History(incidents=(inc,)), 0) is True
+    assert await store.compare_and_set("node.n1", History(), 0) is False  # lost: someone created it first
+    await store.close_incident("node.n1", "g")
+    assert (await store.get("node.n1"))[0].incidents == ()
+    assert issubclass(StateConflict, Conflict)
