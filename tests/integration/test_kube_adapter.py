@@ -36,6 +36,7 @@ from remediator.adapters.kube import (
     NotFound,
 )
 from remediator.contracts import JobRef
+from remediator.errors import TemporaryError
 from remediator.settings import Settings
 
 TAINT_KEY = "gpu-remediator/quarantine"
@@ -584,6 +585,16 @@ def test_a_retry_after_beyond_the_budget_is_handed_to_the_caller(
     assert err.value.status == 429
     assert err.value.retry_after == 30
     assert sleeps.calls == []  # no point waiting 30 s inside a 2 s budget
+
+
+def test_the_retry_after_handed_to_the_caller_is_the_errors_delay(
+    make_adapter: Callable[..., KubeAdapter], cluster: ClusterState
+) -> None:
+    kube = make_adapter(retry_budget_s=2.0)
+    cluster.inject_error(429, path="/api/v1/nodes/gpu-node-0$", count=1, retry_after=30)
+    with pytest.raises(TemporaryError) as err:  # the shared vocabulary: bus.settle naks for 30 s
+        kube.cordon("gpu-node-0")
+    assert isinstance(err.value, KubeTemporaryError) and err.value.delay == 30
 
 
 def test_client_errors_are_permanent_and_not_retried(kube: KubeAdapter, cluster: ClusterState) -> None:
