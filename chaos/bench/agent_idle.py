@@ -95,7 +95,7 @@ def run(seconds: float = 20.0, *, gpus: int = 8, warmup_s: float = 5.0,
     }
 
 
-if __name__ == "__main__":  # pragma: no cover - manual use: python -m remediator.benchmarks.agent_idle [SECONDS]
+if __name__ == "__main__":  # pragma: no cover - manual use: python -m chaos.bench.agent_idle [SECONDS]
     import json
 
     print(json.dumps(run(float(sys.argv[1]) if len(sys.argv) > 1 else 20.0,

@@ -197,7 +197,7 @@ def run(lines: int = 200_000, seconds: float = 20.0, *, rate: float = 2000.0,
     return out
 
 
-if __name__ == "__main__":  # pragma: no cover - python -m remediator.benchmarks.agent_logscan [LINES] [SECONDS]
+if __name__ == "__main__":  # pragma: no cover - python -m chaos.bench.agent_logscan [LINES] [SECONDS]
     import json
 
     args = [float(a) for a in sys.argv[1:]]

@@ -394,7 +394,7 @@ def _child_main() -> None:
 async def _spawn(*args: str) -> asyncio.subprocess.Process:
     """A fresh interpreter running ``_child_main`` (no fork of this process, no re-import of ``__main__``)."""
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-c", "from remediator.benchmarks.ingest import _child_main; _child_main()", *args,
+        sys.executable, "-c", "from chaos.bench.ingest import _child_main; _child_main()", *args,
         stdout=asyncio.subprocess.PIPE)
 
 

@@ -78,6 +78,7 @@ async def _one_run(nodes: int, failing: int, *, breaker: bool, progress: Progres
     from remediator.dispatch import Dispatcher
     from remediator.executor import Executor
     from remediator.natsd import EmbeddedNats
+    from remediator.service import configured_registry
     from remediator.settings import Settings
 
     assert handlers
@@ -114,7 +115,8 @@ async def _one_run(nodes: int, failing: int, *, breaker: bool, progress: Progres
             await bus.provision(js_d, settings)
             kube = AsyncKube(TimedKube.from_settings(settings, poll_interval_s=0.2),
                              max_workers=settings.executor_concurrency + 4)
-            dispatcher = await Dispatcher.create(nc_d, js_d, settings, AuditLog(js_d, "storm-dispatch"))
+            dispatcher = await Dispatcher.create(nc_d, js_d, settings, AuditLog(js_d, "storm-dispatch"),
+                                                 registry=configured_registry(settings))
             executor = Executor(nc_x, js_x, settings, kube, AuditLog(js_x, "storm-executor"), PlaybookCatalog.load(),
                                 AgentClient(nc_x))
             stop = asyncio.Event()

@@ -1,8 +1,9 @@
-"""``remediator bench ingest|classify|storm``: benchmarks that print figures (DESIGN.md §10).
+"""``remediator bench ingest|classify|storm|agent``: benchmarks that print figures (DESIGN.md §10).
 
-Where it sits: beside the service; each benchmark lives in ``remediator.benchmarks.<name>`` and is imported
-only when run. With ``--json`` standard output is exactly one JSON document whose top-level keys are the
-figures the issues name; progress goes to standard error.
+Where it sits: a thin CLI over the benchmarks beside the chaos harness; each lives in ``chaos.bench.<name>``
+and is imported only when run, so loading the CLI never loads the chaos package. With ``--json`` standard
+output is exactly one JSON document whose top-level keys are the figures the issues name; progress goes to
+standard error.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def bench() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def ingest(url: str | None, concurrency: int, as_json: bool) -> None:
     """Alertmanager ingest throughput and paced latency against the JetStream floor."""
-    from remediator.benchmarks import ingest as mod
+    from chaos.bench import ingest as mod
 
     _emit(asyncio.run(mod.run(url=url, concurrency=concurrency, progress=_progress)), as_json)
 
@@ -52,7 +53,7 @@ def ingest(url: str | None, concurrency: int, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def classify(lines: int, as_json: bool) -> None:
     """Classifier throughput over realistic mixed logs, one process, one core."""
-    from remediator.benchmarks import classify as mod
+    from chaos.bench import classify as mod
 
     _emit(mod.run(lines=lines, progress=_progress), as_json)
 
@@ -65,7 +66,7 @@ def storm(nodes: int, failing: int, as_json: bool) -> None:
     """Fatal-Xid storm through the real pipeline, without and with the circuit breaker."""
     if failing > nodes:
         raise click.BadParameter("--failing cannot exceed --nodes")
-    from remediator.benchmarks import storm as mod
+    from chaos.bench import storm as mod
 
     _emit(asyncio.run(mod.run(nodes=nodes, failing=failing, progress=_progress)), as_json)
 
@@ -77,7 +78,7 @@ def storm(nodes: int, failing: int, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def agent(seconds: float, log_lines: int, as_json: bool) -> None:
     """The node agent's own cost: RSS and CPU at idle with 8 simulated GPUs, and container-log scan cost."""
-    from remediator.benchmarks import agent_idle, agent_logscan
+    from chaos.bench import agent_idle, agent_logscan
 
     idle = agent_idle.run(seconds, progress=_progress)
     scan = agent_logscan.run(log_lines, seconds, progress=_progress)

@@ -412,7 +412,7 @@ async def test_metrics_exposition(make_ingest: MakeIngest) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_bench_ingest_smoke() -> None:
-    from remediator.benchmarks.ingest import run
+    from chaos.bench.ingest import run
 
     r = await run(concurrency=4, seconds=0.5, rounds=1, paced_rate=100, paced_seconds=1.0)
     for key in ("raw_publish_per_s", "floor_alerts_per_s", "ingest_alerts_per_s", "ratio"):

@@ -26,7 +26,7 @@ from handlers.signatures import (
     signal_from_alert,
     unwrap_line,
 )
-from remediator.benchmarks.classify import run
+from chaos.bench.classify import run
 from remediator.commands.classify import classify_text
 from remediator.contracts import KINDS, PLAYBOOK_NAMES, normalize_pci_bus_id
 
