@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -43,11 +41,11 @@ from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
 from playbooks.catalog import PlaybookCatalog
+from playbooks.ports import AgentPort, KubePort
 from playbooks.schema import Playbook, StepSpec
 from playbooks.steps import (
     REGISTRY,
-    AgentOps,
-    KubeOps,
+    Skipped,
     StepContext,
     StepFailed,
     StepRegistry,
@@ -55,8 +53,6 @@ from playbooks.steps import (
     quarantine_of,
 )
 from remediator import consumers, safety
-from remediator.adapters.agent import AgentUnavailable
-from remediator.adapters.kube import DrainTimeout, KubePermanentError, KubeTemporaryError, NotFound
 from remediator.audit import AuditContext, AuditLog, IncidentAudit
 from remediator.bus import dead_letter_publisher, settle
 from remediator.contracts import AuditRecord, AuditWhat, Decision, StepRecord, utcnow
@@ -104,7 +100,7 @@ class _Cancelled(Exception):
 
 
 class _StepAudit:
-    """The audit log as the step library calls it (``playbooks.steps.AuditOps``), every record through the
+    """The audit log as the step library calls it (``playbooks.ports.AuditPort``), every record through the
     incident's binding: the step's own fields never replace what the binding knows."""
 
     def __init__(self, bound: IncidentAudit) -> None:
@@ -123,8 +119,8 @@ class Executor:
     """Runs decisions' playbooks; ``execute`` one decision, ``on_message`` one delivery, ``run`` consumes until
     stopped."""
 
-    def __init__(self, nc: NATS, js: JetStreamContext, settings: Settings, kube: KubeOps, audit: AuditLog,
-                 playbooks: PlaybookCatalog, agents: AgentOps, clock: Callable[[], datetime] = utcnow, *,
+    def __init__(self, nc: NATS, js: JetStreamContext, settings: Settings, kube: KubePort, audit: AuditLog,
+                 playbooks: PlaybookCatalog, agents: AgentPort, clock: Callable[[], datetime] = utcnow, *,
                  steps: StepRegistry = REGISTRY, actor: str | None = None,
                  sleep: Callable[[float], Awaitable[None]] | None = None,
                  http: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None) -> None:
@@ -141,8 +137,6 @@ class Executor:
         self.actor = actor or settings.replica_id or getattr(audit, "actor", "") or "executor"
         self._sleep = sleep or asyncio.sleep
         self._http = http
-        self._pool = ThreadPoolExecutor(max_workers=settings.executor_concurrency + 4,
-                                        thread_name_prefix="executor-kube")
         self._state_kv: KeyValue | None = None
         self._rails: tuple[NodeLocks, Gate, RunLog] | None = None
         self._pool_cache: dict[str, tuple[float, list[dict[str, Any]]]] = {}
@@ -158,10 +152,6 @@ class Executor:
             self._rails = (locks, Gate(self._state_kv), RunLog(self._state_kv))
         return self._rails
 
-    async def _sync(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
-
     def policy(self) -> SafetyPolicy:
         s = self.settings
         enabled = frozenset(g.strip() for g in s.guards_enabled.split(",") if g.strip())
@@ -175,8 +165,7 @@ class Executor:
 
     def _context(self, d: Decision, pb: Playbook, audit: IncidentAudit) -> StepContext:
         return StepContext(decision=d, playbook=pb, kube=self.kube, agents=self.agents, settings=self.settings,
-                           clock=self.clock, audit=_StepAudit(audit), sleep=self._sleep, http=self._http,
-                           run_sync=self._sync)
+                           clock=self.clock, audit=_StepAudit(audit), sleep=self._sleep, http=self._http)
 
     @staticmethod
     async def _verdict(audit: IncidentAudit, v: GuardVerdict, **extra: Any) -> None:
@@ -218,8 +207,6 @@ class Executor:
         keeper = asyncio.create_task(locks.keep(lease, every, heartbeat))
         try:
             return await self._run_locked(d, pb, lease, runs, audit)
-        except (KubeTemporaryError, AgentUnavailable) as e:  # outside a step: the guards' reads, escalation
-            raise TemporaryError(str(e), delay=getattr(e, "retry_after", None) or self.settings.nak_delay_s) from e
         finally:
             keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -338,7 +325,7 @@ class Executor:
             cached = self._pool_cache.get(pool)
             if cached is not None and loop.time() - cached[0] < POOL_CACHE_S:
                 return cached[1]
-            nodes: list[dict[str, Any]] = await self._sync(self.kube.list_gpu_nodes, pool)
+            nodes: list[dict[str, Any]] = await self.kube.list_gpu_nodes(pool)
             self._pool_cache[pool] = (loop.time(), nodes)
             return nodes
 
@@ -346,10 +333,7 @@ class Executor:
         """Gather the facts, let the gate evaluate and commit, and audit each verdict once."""
         _, gate, _ = await self._kv()
         policy = self.policy()
-        try:
-            node = await self._sync(self.kube.get_node, d.node)
-        except NotFound:
-            node = None
+        node = await self.kube.find_node(d.node)
         if node is None:
             v = GuardVerdict("opt_out", False, f"node {d.node} does not exist", "block")
             await self._verdict(audit, v)
@@ -423,27 +407,25 @@ class Executor:
         fn = self.steps.get(spec.name).fn
         try:
             res = await asyncio.wait_for(fn(sctx, spec.params), timeout=spec.timeout_s)
-        except (KubeTemporaryError, AgentUnavailable) as e:
-            delay = getattr(e, "retry_after", None) or self.settings.nak_delay_s
-            raise TemporaryError(f"{key}: {e}", delay=delay) from e
-        except (StepFailed, DrainTimeout, KubePermanentError, TimeoutError) as e:
+        # A TemporaryError (Kubernetes, an agent) propagates to settle, which naks with its delay; a
+        # PermanentError (a drain that timed out, an unrestartable job) fails the step like StepFailed.
+        except (StepFailed, PermanentError, TimeoutError) as e:
             detail = str(e) or f"timed out after {spec.timeout_s:g}s"
             before = getattr(e, "before", {}) or {}
             after = getattr(e, "after", {}) or {}
-            if isinstance(e, DrainTimeout):
-                after = {"pods_left": e.pods_left, "evicted": e.evicted}
             run.put(key, StepRecord(name=spec.name, status="failed", params=dict(spec.params), before=before,
                                     after=after, detail=detail[:2000], started_at=started,
                                     finished_at=self.clock()))
             await stored.save()
             await audit.append(ctx.node, "step_failed", f"{key}: {detail}"[:4000], before=before, after=after)
             return "failed"
-        status = "skipped" if res.skipped else "succeeded"
+        skipped = isinstance(res, Skipped)
+        status = "skipped" if skipped else "succeeded"
         after = {**res.after, "changed_by_us": res.changed}
         run.put(key, StepRecord(name=spec.name, status=status, params=dict(spec.params), before=res.before,
                                 after=after, detail=res.detail[:2000], started_at=started, finished_at=self.clock()))
         await stored.save()
-        await audit.append(ctx.node, "step_skipped" if res.skipped else "step_succeeded",
+        await audit.append(ctx.node, "step_skipped" if skipped else "step_succeeded",
                            f"{key}: {res.detail}"[:4000], before=res.before, after=after)
         return status
 
@@ -480,7 +462,7 @@ class Executor:
         cordon = any(r.name == "cordon" and placed_by_us(r, ctx) and r.after.get("changed_by_us") for r in recs)
         if not (taint or cordon):
             return ""
-        node = await self._sync(self.kube.get_node, ctx.node)
+        node = await self.kube.get_node(ctx.node)
         if taint and not any(t.get("key") == self.settings.taint_key for t in node.get("taints", [])):
             return f"our taint {self.settings.taint_key} was removed from {ctx.node}"
         if cordon and not node.get("unschedulable"):
@@ -532,5 +514,5 @@ class Executor:
         await consumers.run_until(broker, self._js, (consumers.EXECUTOR,), stop)
 
     def close(self) -> None:
-        """Stop the worker threads of Kubernetes calls (after ``run`` returned)."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Nothing to release: the Kubernetes port owns its threads (``AsyncKube.close``, by whoever built
+        it)."""
