@@ -1,38 +1,146 @@
 """``remediator audit list|show|verify|export``: reading the audit trail after an incident.
 
-Where it sits: an operator tool over the AUDIT stream (DESIGN.md §8); read-only.
+Where it sits: an operator tool over the AUDIT stream (DESIGN.md §8, §10); read-only. It reads a running
+bus (``--nats URL``, else ``REMEDIATOR_NATS_URL``; comma-separated servers like every command) or a stopped
+JetStream store (``--data-dir DIR``, e.g. what ``remediator demo --data-dir DIR`` left behind), for which it
+starts an embedded ``nats-server`` on that store and stops it again on every way out.
+
+``--since``/``--until`` take the timestamps the audit prints (``2026-11-30T03:12:00.123Z``, the JSON's
+``2026-11-30T03:12:00.123456+00:00``, a date, or a time without zone, read as UTC); ``--until`` covers the
+whole of the unit it names, so the printed time of a record includes that record. Failures (no server, no
+store, no AUDIT stream) are one line on standard error and exit 1.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import re
 import sys
-from datetime import datetime
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
 
 import click
+from nats.errors import Error as NatsError
+from nats.errors import NoServersError
+from nats.js.client import JetStreamContext
+from nats.js.errors import NotFoundError
 
+from remediator import bus
 from remediator.audit import AuditQuery, iter_records, query, verify_chains
 from remediator.contracts import AuditRecord
+from remediator.natsd import EmbeddedNats, NatsServerNotFound
 from remediator.settings import Settings
+from remediator.subjects import AUDIT_STREAM
+
+T = TypeVar("T")
+
+# how much of a time the text gave: the fraction's digits, else seconds, minutes or the whole day
+_TIME_PART = re.compile(r"[T ](\d{2})(?::(\d{2}))?(?::(\d{2})(?:[.,](\d+))?)?")
 
 
-def _nats_url(nats_url: str | None) -> str:
-    url = nats_url or Settings().nats_url
-    if not url:
-        raise click.UsageError("no NATS URL: pass --nats URL or set REMEDIATOR_NATS_URL")
-    return url
+def parse_time(text: str, *, end: bool = False) -> datetime:
+    """A timestamp as the audit prints it, in UTC (a time without zone is UTC).
 
-
-async def _with_js(url: str, fn: Any) -> Any:
-    import nats
-
-    nc = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=2)
+    ``end``: the last microsecond of the unit the text names (``03:12:00.123Z`` → ``03:12:00.123999``,
+    ``2026-11-30`` → the day's last microsecond), for an inclusive ``--until``.
+    """
+    raw = text.strip()
     try:
-        return await fn(nc.jetstream())
+        t = datetime.fromisoformat(raw)
+    except ValueError:
+        raise ValueError(f"{text!r} is not an ISO 8601 time (e.g. 2026-11-30T03:12:00Z)") from None
+    t = t.astimezone(UTC) if t.tzinfo else t.replace(tzinfo=UTC)
+    if not end:
+        return t
+    m = _TIME_PART.search(raw)
+    if m is None:
+        unit = timedelta(days=1)
+    elif m.group(4):
+        unit = timedelta(seconds=10.0 ** -min(len(m.group(4)), 6))
+    elif m.group(3):
+        unit = timedelta(seconds=1)
+    elif m.group(2):
+        unit = timedelta(minutes=1)
+    else:
+        unit = timedelta(hours=1)
+    return t + unit - timedelta(microseconds=1)
+
+
+class AuditTime(click.ParamType[datetime]):
+    """``--since``/``--until``: see ``parse_time``."""
+
+    name = "TIME"
+
+    def __init__(self, *, end: bool = False) -> None:
+        self.end = end
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> datetime:
+        if isinstance(value, datetime):
+            return value
+        try:
+            return parse_time(str(value), end=self.end)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+@contextlib.contextmanager
+def audit_bus(nats_url: str | None, data_dir: str | None) -> Iterator[str]:
+    """The URL to read the audit from: ``nats_url`` (else ``REMEDIATOR_NATS_URL``), or an embedded server
+    on the stopped store ``data_dir``, stopped when the block is left however it is left."""
+    if data_dir is not None:
+        if nats_url:
+            raise click.UsageError("give either --data-dir or --nats, not both")
+        store = Path(data_dir)
+        if not (store / "jetstream").is_dir():
+            raise click.ClickException(f"{store} holds no JetStream store (no {store / 'jetstream'}); "
+                                       "pass the directory given to `remediator demo --data-dir` or `serve`")
+        try:
+            server = EmbeddedNats(data_dir=str(store))
+            server.start()
+        except NatsServerNotFound as e:
+            raise click.ClickException(str(e)) from None
+        except RuntimeError as e:
+            raise click.ClickException(f"could not open the store {store}: {e} "
+                                       "(is a server still running on it?)") from None
+        try:
+            yield server.url
+        finally:
+            server.close()
+        return
+    url = nats_url or Settings().nats_url
+    if not url or not url.strip(" ,"):
+        raise click.UsageError("no bus to read: pass --nats URL, set REMEDIATOR_NATS_URL, or --data-dir DIR")
+    yield url
+
+
+async def _quiet(_error: Exception) -> None:
+    """Connection errors become one ClickException, not a log line per attempt."""
+
+
+async def _with_js(url: str, fn: Callable[[JetStreamContext], Awaitable[T]]) -> T:
+    try:
+        nc, js = await bus.connect(url, name="remediator-audit", max_reconnect_attempts=2, error_cb=_quiet)
+    except (NoServersError, OSError, TimeoutError, NatsError) as e:
+        raise click.ClickException(f"cannot reach NATS at {url}: {type(e).__name__} {e}".rstrip()) from None
+    try:
+        return await fn(js)
+    except NotFoundError:
+        raise click.ClickException(f"no {AUDIT_STREAM} stream on {url} (nothing was ever audited there; "
+                                   "`remediator bus init` declares it)") from None
+    except (NoServersError, TimeoutError, NatsError) as e:
+        raise click.ClickException(f"reading the audit from {url} failed: {type(e).__name__} {e}".rstrip()) \
+            from None
     finally:
         await nc.close()
+
+
+def _read(nats_url: str | None, data_dir: str | None, fn: Callable[[JetStreamContext], Awaitable[T]]) -> T:
+    with audit_bus(nats_url, data_dir) as url:
+        return asyncio.run(_with_js(url, fn))
 
 
 def format_record(r: AuditRecord) -> str:
@@ -41,7 +149,11 @@ def format_record(r: AuditRecord) -> str:
     return f"{r.time:%Y-%m-%dT%H:%M:%S.%fZ}"[:-4] + f"Z #{r.seq:<4} {r.node}{gpu}{inc} {r.what}: {r.why}"
 
 
-_nats_opt = click.option("--nats", "nats_url", default=None, help="NATS URL (default REMEDIATOR_NATS_URL).")
+_nats_opt = click.option("--nats", "nats_url", default=None, metavar="URL",
+                         help="NATS server URL(s), comma-separated (default REMEDIATOR_NATS_URL).")
+_data_dir_opt = click.option("--data-dir", default=None, metavar="DIR",
+                             type=click.Path(file_okay=False, exists=True),
+                             help="A stopped JetStream store (e.g. the demo's) to open with an embedded server.")
 
 
 @click.group()
@@ -51,23 +163,22 @@ def audit() -> None:
 
 @audit.command("list")
 @_nats_opt
+@_data_dir_opt
 @click.option("--node", default=None)
 @click.option("--gpu", default=None, help="GPU key (UUID, else PCI id).")
 @click.option("--incident", default=None)
 @click.option("--job", default=None)
-@click.option("--fingerprint", default=None, help="Alertmanager fingerprint.")
-@click.option("--since", type=click.DateTime(), default=None)
-@click.option("--until", type=click.DateTime(), default=None)
+@click.option("--fingerprint", default=None, help="Alertmanager alert fingerprint.")
+@click.option("--since", type=AuditTime(), default=None, help="Records at or after this time.")
+@click.option("--until", type=AuditTime(end=True), default=None, help="Records at or before this time.")
 @click.option("--json", "as_json", is_flag=True)
-def list_(nats_url: str | None, node: str | None, gpu: str | None, incident: str | None, job: str | None,
-          fingerprint: str | None, since: datetime | None, until: datetime | None, as_json: bool) -> None:
+def list_(nats_url: str | None, data_dir: str | None, node: str | None, gpu: str | None, incident: str | None,
+          job: str | None, fingerprint: str | None, since: datetime | None, until: datetime | None,
+          as_json: bool) -> None:
     """Records matching every given filter, in order."""
-    from datetime import UTC
-
-    q = AuditQuery(node=node, gpu=gpu, incident=incident, job=job, fingerprint=fingerprint,
-                   since=since.replace(tzinfo=UTC) if since else None,
-                   until=until.replace(tzinfo=UTC) if until else None)
-    records: list[AuditRecord] = asyncio.run(_with_js(_nats_url(nats_url), lambda js: query(js, q)))
+    q = AuditQuery(node=node, gpu=gpu, incident=incident, job=job, fingerprint=fingerprint, since=since,
+                   until=until)
+    records = _read(nats_url, data_dir, lambda js: query(js, q))
     if as_json:
         sys.stdout.write(json.dumps([r.model_dump(mode="json") for r in records]) + "\n")
     else:
@@ -77,11 +188,11 @@ def list_(nats_url: str | None, node: str | None, gpu: str | None, incident: str
 
 @audit.command("show")
 @_nats_opt
+@_data_dir_opt
 @click.argument("incident")
-def show(nats_url: str | None, incident: str) -> None:
+def show(nats_url: str | None, data_dir: str | None, incident: str) -> None:
     """The timeline of one incident, with before/after of each step."""
-    records: list[AuditRecord] = asyncio.run(
-        _with_js(_nats_url(nats_url), lambda js: query(js, AuditQuery(incident=incident))))
+    records = _read(nats_url, data_dir, lambda js: query(js, AuditQuery(incident=incident)))
     if not records:
         raise click.ClickException(f"no audit records for incident {incident}")
     for r in records:
@@ -91,16 +202,17 @@ def show(nats_url: str | None, incident: str) -> None:
                 click.echo(f"    {label}: {json.dumps(data, sort_keys=True)[:400]}")
 
 
+async def _all(js: JetStreamContext) -> list[AuditRecord]:
+    return [r async for r in iter_records(js)]
+
+
 @audit.command("verify")
 @_nats_opt
+@_data_dir_opt
 @click.option("--json", "as_json", is_flag=True)
-def verify(nats_url: str | None, as_json: bool) -> None:
+def verify(nats_url: str | None, data_dir: str | None, as_json: bool) -> None:
     """Check every chain's hashes and links; exit 1 when one is broken."""
-
-    async def collect(js: Any) -> list[AuditRecord]:
-        return [r async for r in iter_records(js)]
-
-    reports = verify_chains(asyncio.run(_with_js(_nats_url(nats_url), collect)))
+    reports = verify_chains(_read(nats_url, data_dir, _all))
     if as_json:
         sys.stdout.write(json.dumps([r.__dict__ for r in reports]) + "\n")
     else:
@@ -112,12 +224,13 @@ def verify(nats_url: str | None, as_json: bool) -> None:
 
 @audit.command("export")
 @_nats_opt
+@_data_dir_opt
 @click.option("--node", default=None)
-def export(nats_url: str | None, node: str | None) -> None:
+def export(nats_url: str | None, data_dir: str | None, node: str | None) -> None:
     """Every record as JSON Lines on standard output."""
 
-    async def dump(js: Any) -> None:
+    async def dump(js: JetStreamContext) -> None:
         async for r in iter_records(js, node):
             sys.stdout.write(r.model_dump_json() + "\n")
 
-    asyncio.run(_with_js(_nats_url(nats_url), dump))
+    _read(nats_url, data_dir, dump)
