@@ -4,8 +4,9 @@ Where it sits: under ``remediator.adapters.kube``. Every request the Kubernetes 
 attempt included) takes one token first, so a storm of remediations cannot flood the API server; the
 defaults (20 requests per second, bursts of 40) follow ``Settings.kube_qps`` and ``Settings.kube_burst``.
 
-The bucket is thread-safe (the executor calls the adapter from worker threads) and takes its clock and its
-sleep as arguments, so tests move a fake clock instead of sleeping. It works by reservation, like Go's
+The bucket is thread-safe (the async port, ``AsyncKube``, calls the adapter from its worker threads) and
+takes its clock and its sleep as arguments, so tests move a fake clock instead of sleeping. It works by
+reservation, like Go's
 ``rate.Limiter``: taking a token may drive the balance below zero, and the caller then waits until the
 debt is paid back. Waiting happens outside the lock, so callers queue fairly in reservation order.
 """
