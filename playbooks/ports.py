@@ -13,7 +13,7 @@ step).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from remediator.contracts import AgentReply, AgentVerb, AuditRecord, AuditWhat, Change, GpuRef, JobRef
@@ -48,8 +48,11 @@ class KubePort(Protocol):
         ``before``/``after`` name the pods left."""
         ...
 
-    async def evict_pods_on_gpu(self, node: str, gpu_index: int, *, timeout_s: float | None = ...,
-                                grace_period_s: int | None = ...) -> Change: ...
+    async def evict_pods(self, node: str, pods: Iterable[Mapping[str, Any]], *, timeout_s: float | None = ...,
+                         grace_period_s: int | None = ...) -> Change:
+        """Evict exactly ``pods`` (``{namespace, name, uid}`` each, as the node agent names a GPU's holders)
+        by UID, with the drain's rules."""
+        ...
 
     async def find_job(self, node: str, *, name: str | None = ..., namespace: str | None = ...,
                        pod_filter: Callable[[dict[str, Any]], bool] | None = ...) -> JobRef | None:

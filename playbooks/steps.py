@@ -225,16 +225,35 @@ async def drain_node(ctx: StepContext, params: Mapping[str, Any]) -> Change:
     return _change(await ctx.kube.drain(ctx.node, timeout_s=timeout, grace_period_s=grace), "drain")
 
 
+async def _gpu_holders(ctx: StepContext, gpu: GpuRef, what: str) -> list[dict[str, Any]] | None:
+    """The pods holding ``gpu`` now (``{namespace, name, uid, container}``), as its node agent reads them from
+    the kubelet's device allocation (``status`` with the GPU); None when the agent cannot tell."""
+    reply = await ctx.agents.call(ctx.node, "status", gpu=gpu, command_id=ctx.command_id("status"),
+                                  timeout_s=min(ctx.timeout_s, 30.0))
+    if not reply.ok:
+        raise StepFailed(f"{what}: agent refused: {reply.detail}", before=dict(reply.before),
+                         after=dict(reply.after))
+    if not reply.after.get("holders_known"):
+        return None
+    return [dict(h) for h in reply.after.get("holders") or [] if isinstance(h, Mapping)]
+
+
 @step("evict_gpu_pods", params=("grace_period_s",), quarantine="gpu")
 async def evict_gpu_pods(ctx: StepContext, params: Mapping[str, Any]) -> Change:
-    """Evict only the pods bound to the decision's GPU; the node's other GPUs and pods stay."""
+    """Evict exactly the pods that hold the decision's GPU, by UID, as the node agent names them (the
+    kubelet's device allocation); the node's other GPUs and their pods stay. Fails when the agent cannot
+    tell which pods hold the GPU: then nobody is evicted and the playbook goes to its next rung."""
     gpu = _need_gpu(ctx)
-    if gpu.index is None:
-        raise StepFailed(f"evict_gpu_pods: the index of GPU {gpu.key} is unknown, so its pods cannot be found")
+    holders = await _gpu_holders(ctx, gpu, "evict_gpu_pods")
+    if holders is None:
+        raise StepFailed(f"evict_gpu_pods: the agent on {ctx.node} cannot tell which pods hold GPU {gpu.key}")
+    if not holders:
+        return Change(False, {"node": ctx.node, "holders": []}, {"node": ctx.node, "evicted": []},
+                      f"no pod holds GPU {gpu.key} of {ctx.node}")
     grace = int(params.get("grace_period_s", ctx.settings.drain_grace_period_s))
     timeout = min(ctx.timeout_s, ctx.settings.drain_timeout_s)
-    c = await ctx.kube.evict_pods_on_gpu(ctx.node, gpu.index, timeout_s=timeout, grace_period_s=grace)
-    return _change(c, "evict_gpu_pods")
+    c = await ctx.kube.evict_pods(ctx.node, holders, timeout_s=timeout, grace_period_s=grace)
+    return _change(replace(c, before={**c.before, "holders": holders}), "evict_gpu_pods")
 
 
 # --- GPU-level steps (node agent) ----------------------------------------------------------------------
@@ -358,16 +377,18 @@ def _job_name(ctx: StepContext) -> tuple[str | None, str | None]:
 
 async def _find_job(ctx: StepContext) -> JobRef:
     """The controller of the decision's job, found by the Kubernetes port (owner references of the pods on
-    the node, else by name among the kinds that run gangs); without a name, the one job on the decision's
-    GPU (or node)."""
+    the node, else by name among the kinds that run gangs); without a name, the one job whose pods hold the
+    decision's GPU (as its node agent names them), or the one job on the node where the agent cannot tell."""
     namespace, name = _job_name(ctx)
     gpu = ctx.gpu
     on_gpu: Callable[[dict[str, Any]], bool] | None = None
-    if name is None and gpu is not None and gpu.index is not None:
-        index = gpu.index
+    if name is None and gpu is not None:
+        holders = await _gpu_holders(ctx, gpu, "restart_job")
+        if holders is not None:
+            uids = {str(h.get("uid")) for h in holders}
 
-        def on_gpu(pod: dict[str, Any]) -> bool:
-            return index in pod.get("gpu_indices", ())
+            def on_gpu(pod: dict[str, Any]) -> bool:
+                return str(pod.get("uid")) in uids
 
     job = await ctx.kube.find_job(ctx.node, name=name, namespace=namespace, pod_filter=on_gpu)
     if job is not None:

@@ -56,7 +56,7 @@ import logging
 import random
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -79,7 +79,6 @@ if TYPE_CHECKING:
 __all__ = [
     "CORDONED_BY_US_ANNOTATION",
     "ESCALATED_ANNOTATION",
-    "GPU_INDICES_ANNOTATION",
     "RESTARTED_AT_ANNOTATION",
     "RESTART_ID_ANNOTATION",
     "AsyncKube",
@@ -99,7 +98,6 @@ _T = TypeVar("_T")
 
 # --- names on the wire ------------------------------------------------------------------------------
 
-GPU_INDICES_ANNOTATION: Final = "gpu-remediator.io/gpu-indices"
 RESTARTED_AT_ANNOTATION: Final = "gpu-remediator.io/restarted-at"
 RESTART_ID_ANNOTATION: Final = "gpu-remediator.io/restart-id"
 # UIDs of the pods a restart deletes, written before deleting: a restart interrupted half way is finished
@@ -241,19 +239,6 @@ def _quantity_to_int(value: Any) -> int:
         return 0
 
 
-def parse_gpu_indices(value: str | None) -> list[int]:
-    """``"0,1, 3"`` → ``[0, 1, 3]``; anything that is not a non-negative integer is ignored."""
-    if not value:
-        return []
-    out: list[int] = []
-    for part in value.replace(" ", "").split(","):
-        if part.isdigit():
-            index = int(part)
-            if index not in out:
-                out.append(index)
-    return out
-
-
 def _controller_owner(meta: Mapping[str, Any]) -> dict[str, Any] | None:
     owners = [o for o in meta.get("ownerReferences") or [] if isinstance(o, dict)]
     for o in owners:
@@ -298,7 +283,6 @@ def _brief(pod: Mapping[str, Any]) -> dict[str, Any]:
         "namespace": pod["namespace"],
         "uid": pod.get("uid"),
         "owner": f"{owner['kind']}/{owner['name']}" if owner else None,
-        "gpu_indices": pod.get("gpu_indices", []),
         "emptydir": bool(pod.get("emptydir")),
     }
 
@@ -799,7 +783,6 @@ class KubeAdapter:
             "labels": _labels(raw),
             "annotations": annotations,
             "owner": owner_view,
-            "gpu_indices": parse_gpu_indices(annotations.get(GPU_INDICES_ANNOTATION)),
             "terminating": bool(meta.get("deletionTimestamp")),
             "daemonset": bool(owner_view and owner_view["kind"] == "DaemonSet"),
             "mirror": MIRROR_POD_ANNOTATION in annotations,
@@ -809,7 +792,7 @@ class KubeAdapter:
 
     def pods_on_node(self, node: str) -> list[dict[str, Any]]:
         """Every pod bound to ``node``: ``name, namespace, uid, node, phase, labels, annotations, owner
-        {kind, name, api_version, uid} | None, gpu_indices, terminating, daemonset, mirror, emptydir,
+        {kind, name, api_version, uid} | None, terminating, daemonset, mirror, emptydir,
         created``."""
         raw = self._list("/api/v1/pods", {"fieldSelector": f"spec.nodeName={node}"}, kind="PodList")
         # Field selectors are the server's job; checking again costs nothing and guards a lax server.
@@ -1071,24 +1054,35 @@ class KubeAdapter:
             detail += f"; waited for {len(terminating)} pods already terminating"
         return Change(bool(evicted), before, after, detail)
 
-    def evict_pods_on_gpu(
+    def evict_pods(
         self,
         node: str,
-        gpu_index: int,
+        pods: Iterable[Mapping[str, Any]],
         *,
         timeout_s: float | None = None,
         grace_period_s: int | None = None,
         progress: Callable[[str], None] | None = None,
     ) -> Change:
-        """Evict only the pods whose ``gpu-remediator.io/gpu-indices`` annotation names ``gpu_index``;
-        pods on the node's other GPUs keep running. Same rules, timeout and result as ``drain``."""
-        return self.drain(
-            node,
-            timeout_s=timeout_s,
-            grace_period_s=grace_period_s,
-            pod_filter=lambda pod: gpu_index in pod["gpu_indices"],
-            progress=progress,
-        )
+        """Evict exactly ``pods`` from ``node``: each ``{namespace, name, uid}``, the holders of a GPU the node
+        agent named. A pod is matched by UID (by name where no UID is given): a pod of that name with another
+        UID is a replacement and is not touched. Holders no longer on the node are listed in
+        ``after["not_found"]``. Same rules, timeout and result as ``drain``; pods on the node's other GPUs
+        keep running."""
+        wanted: dict[tuple[str, str], str | None] = {}
+        for p in pods:
+            uid = p.get("uid")
+            wanted[(str(p["namespace"]), str(p["name"]))] = str(uid) if uid else None
+
+        def selected(pod: Mapping[str, Any]) -> bool:
+            key = (pod["namespace"], pod["name"])
+            return key in wanted and wanted[key] in (None, pod["uid"])
+
+        change = self.drain(node, timeout_s=timeout_s, grace_period_s=grace_period_s, pod_filter=selected,
+                            progress=progress)
+        present = {(b["namespace"], b["name"]) for b in change.before.get("pods", []) if selected(b)}
+        not_found = [{"namespace": ns, "name": name, "uid": uid} for (ns, name), uid in sorted(wanted.items())
+                     if (ns, name) not in present]
+        return Change(change.changed, change.before, {**change.after, "not_found": not_found}, change.detail)
 
     # --- jobs ----------------------------------------------------------------------------------------
 
@@ -1411,11 +1405,16 @@ class AsyncKube:
     async def drain(self, node: str, *, timeout_s: float | None = None, grace_period_s: int | None = None) -> Change:
         return await self._call(self.sync.drain, node, timeout_s=timeout_s, grace_period_s=grace_period_s)
 
-    async def evict_pods_on_gpu(
-        self, node: str, gpu_index: int, *, timeout_s: float | None = None, grace_period_s: int | None = None
+    async def evict_pods(
+        self,
+        node: str,
+        pods: Iterable[Mapping[str, Any]],
+        *,
+        timeout_s: float | None = None,
+        grace_period_s: int | None = None,
     ) -> Change:
         return await self._call(
-            self.sync.evict_pods_on_gpu, node, gpu_index, timeout_s=timeout_s, grace_period_s=grace_period_s
+            self.sync.evict_pods, node, list(pods), timeout_s=timeout_s, grace_period_s=grace_period_s
         )
 
     async def find_job(

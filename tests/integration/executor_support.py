@@ -75,6 +75,10 @@ class SimAgents:
             if holders:
                 return AgentReply(id=cmd.id, ok=False, detail=f"GPU {idx} is held by {holders[idx]}")
             return AgentReply(id=cmd.id, ok=True, changed=True, detail=f"GPU {idx} reset")
+        if cmd.verb == "status" and idx is not None:  # the GPU's holders: the simulated kubelet's allocation
+            held = [h.to_dict() for h in self.sim.gpu_allocation(node).get(idx, [])]
+            return AgentReply(id=cmd.id, ok=True, detail=f"GPU {idx} held by {len(held)} container(s)",
+                              after={"holders": held, "holders_known": True})
         if cmd.verb == "health_check":
             return AgentReply(id=cmd.id, ok=self.healthy, detail="healthy" if self.healthy else "unhealthy",
                               after={"checks": cmd.params.get("checks", [])})

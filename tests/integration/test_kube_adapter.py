@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 from chaos.sim import (
-    GPU_INDICES_ANNOTATION,
     TRAINING_NAMESPACE,
     ClusterState,
     KubeApiServer,
@@ -270,7 +269,7 @@ def test_pods_on_node_and_job_of_pod(kube: KubeAdapter, cluster: ClusterState) -
     master = pods["pytorch-0-master-0"]
     assert master["namespace"] == NS
     assert master["owner"] is not None and master["owner"]["kind"] == "PyTorchJob"
-    assert master["gpu_indices"] == [0, 1, 2, 3]
+    assert "gpu_indices" not in master  # which GPUs a pod holds is the node agent's to say, not a pod field
     assert master["phase"] == "Running"
     assert master["emptydir"] is True
     daemon_pods = [p for p in pods.values() if p["daemonset"]]
@@ -398,7 +397,12 @@ def test_drain_honours_retry_after_on_an_eviction_429(
     assert any(s >= 1.0 for s in sleeps.calls)
 
 
-def test_evict_pods_on_gpu_leaves_pods_on_other_gpus(kube: KubeAdapter, cluster: ClusterState) -> None:
+def holders(cluster: ClusterState, node: str, index: int) -> list[dict[str, Any]]:
+    """What the node agent names as the holders of GPU ``index``: the simulated kubelet's allocation."""
+    return [h.to_dict() for h in cluster.gpu_allocation(node).get(index, [])]
+
+
+def test_evict_pods_evicts_exactly_the_holders_by_uid(kube: KubeAdapter, cluster: ClusterState) -> None:
     # A second workload on the same node, bound to the GPUs the training pod does not use.
     cluster.create(
         "pods",
@@ -412,23 +416,38 @@ def test_evict_pods_on_gpu_leaves_pods_on_other_gpus(kube: KubeAdapter, cluster:
             },
         },
     )
-    inference = cluster.pod(NS, "inference")
-    assert inference["metadata"]["annotations"][GPU_INDICES_ANNOTATION] == "4,5,6,7"
+    assert cluster.gpu_indices_of(NS, "inference") == [4, 5, 6, 7]
+    assert "annotations" not in cluster.pod(NS, "inference")["metadata"]
     train = next(
         p["metadata"]["name"] for p in cluster.pods_on("gpu-node-2") if p["metadata"]["name"].startswith("train-2")
     )
+    on_gpu5 = holders(cluster, "gpu-node-2", 5)
+    assert [(h["name"], h["container"]) for h in on_gpu5] == [("inference", "serve")]
 
-    change = kube.evict_pods_on_gpu("gpu-node-2", 5, timeout_s=10)
+    change = kube.evict_pods("gpu-node-2", on_gpu5, timeout_s=10)
 
     assert [p["name"] for p in change.after["evicted"]] == ["inference"]
-    assert change.after["evicted"][0]["gpu_indices"] == [4, 5, 6, 7]
+    assert change.after["evicted"][0]["uid"] == on_gpu5[0]["uid"]
     assert train in pod_names_on(cluster, "gpu-node-2")
     assert "inference" not in pod_names_on(cluster, "gpu-node-2")
     assert any(p["name"] == train and p["reason"] == "not selected" for p in change.after["skipped"])
 
-    assert not kube.evict_pods_on_gpu("gpu-node-2", 6, timeout_s=10).changed
-    on_gpu0 = kube.evict_pods_on_gpu("gpu-node-2", 0, timeout_s=10)
+    again = kube.evict_pods("gpu-node-2", on_gpu5, timeout_s=10)
+    assert not again.changed and again.after["not_found"] == [
+        {"namespace": NS, "name": "inference", "uid": on_gpu5[0]["uid"]}]
+    assert holders(cluster, "gpu-node-2", 6) == []
+    on_gpu0 = kube.evict_pods("gpu-node-2", holders(cluster, "gpu-node-2", 0), timeout_s=10)
     assert [p["name"] for p in on_gpu0.after["evicted"]] == [train]
+
+
+def test_evict_pods_leaves_a_replacement_with_another_uid(kube: KubeAdapter, cluster: ClusterState) -> None:
+    (holder,) = holders(cluster, "gpu-node-0", 0)
+    assert holder["name"] == "pytorch-0-master-0"
+    stale = {**holder, "uid": "00000000-0000-4000-8000-000000000000"}  # the pod the agent saw was replaced
+    change = kube.evict_pods("gpu-node-0", [stale], timeout_s=10)
+    assert not change.changed and change.after["evicted"] == []
+    assert change.after["not_found"] == [{"namespace": NS, "name": holder["name"], "uid": stale["uid"]}]
+    assert cluster.pod(NS, holder["name"])["metadata"]["uid"] == holder["uid"]
 
 
 # --- restart_job -------------------------------------------------------------------------------------

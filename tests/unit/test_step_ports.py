@@ -112,11 +112,13 @@ async def test_restart_job_names_follow_the_one_resolver(d: Decision, name: str,
 async def test_a_prometheus_job_label_never_names_the_job_to_restart() -> None:
     kube = FakeKube()
     d = decision(labels={"job": "dcgm-exporter", "pod": "pytorch-0-worker-1"}, gpu=GpuRef(index=2))
-    await restart_job(context(d, kube), {})
+    agents = FakeAgents({"after": {"holders_known": True, "holders": [
+        {"namespace": "training", "name": "pytorch-0-worker-1", "uid": "uid-2", "container": "pytorch"}]}})
+    await restart_job(context(d, kube, agents), {})
     (asked,) = kube.asked
     assert asked["name"] is None  # neither the scrape job nor a name guessed from the pod
-    on_gpu = asked["pod_filter"]
-    assert on_gpu({"gpu_indices": [2, 3]}) and not on_gpu({"gpu_indices": [0]})
+    on_gpu = asked["pod_filter"]  # the job whose pod holds GPU 2, as the node agent names its holders
+    assert on_gpu({"uid": "uid-2"}) and not on_gpu({"uid": "uid-0"})
 
 
 async def test_restart_job_fails_when_the_port_finds_no_job() -> None:
