@@ -15,7 +15,6 @@ from typing import Any
 
 from chaos.faults import Check, Fault, FaultResult
 from chaos.injectors import ORPHAN_PID, NcclRanks
-from chaos.kubelet import pod_job
 from chaos.world import World
 from remediator.adapters.kube import ESCALATED_ANNOTATION
 
@@ -81,7 +80,8 @@ def only_that_gpu(world: World, f: Fault) -> list[str]:
         if f.gpu in indices and still_there:
             problems.append(f"pod {pod['metadata']['name']} bound to GPU {f.gpu} is still running")
     targets = {g.gpu for g in world.faults if g.node == f.node}
-    others = [i for i in range(8) if i not in targets and world.sim(f.node).gpu_state(i).get("isolated")]
+    others = [i for i in range(world.sim(f.node).gpu_count()) if i not in targets
+              and world.sim(f.node).gpu_state(i).get("isolated")]
     if others:
         problems.append(f"other GPUs of {f.node} isolated: {others}")
     return problems
@@ -110,8 +110,10 @@ def only_its_pod_evicted(world: World, f: Fault) -> list[str]:
 
 
 def _restarted_job(world: World, pod: dict[str, Any]) -> bool:
-    job = pod_job(pod)
-    return job is not None and world.cluster.job_restarts("PyTorchJob", "training", job) > 0
+    """The pod belongs to a PyTorchJob (its controlling owner) that was restarted since the start."""
+    owners = [r for r in pod["metadata"].get("ownerReferences") or [] if r.get("controller")]
+    return any(r.get("kind") == "PyTorchJob" and world.cluster.job_restarts(
+        "PyTorchJob", pod["metadata"]["namespace"], r["name"]) > 0 for r in owners)
 
 
 def gpu_isolated(world: World, f: Fault) -> list[str]:
@@ -210,4 +212,7 @@ def judge(world: World, results: list[FaultResult], settled: set[str], timeout_s
         if f.playbook is not None and res.outcome not in f.outcomes:
             res.problems.append(f"expected outcome {' or '.join(f.outcomes)}, got {res.outcome}")
         if f.name in settled:
-            res.problems += f.check(world, f)
+            try:
+                res.problems += f.check(world, f)
+            except Exception as e:  # a check that cannot run is a failed check, not a failed drill
+                res.problems.append(f"its checks could not run: {type(e).__name__}: {e}")
