@@ -7,6 +7,10 @@ are the binding text; this module is its code form.
 
 What we emit is frozen and ``extra="forbid"``; what we read from outside (Alertmanager, other producers on
 ``/v1/events``) is validated but tolerant of extra fields.
+
+Two frozen dataclasses live here because every layer speaks them: ``Change`` (what an action changed: the
+Kubernetes adapter's mutations, the agent's ``AgentReply``, a playbook step's result, recorded as a
+``StepRecord``'s before/after/detail) and ``JobRef`` (the controller of a job, as the adapter finds it).
 """
 
 from __future__ import annotations
