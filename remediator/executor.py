@@ -43,21 +43,12 @@ from pydantic import ValidationError
 from playbooks.catalog import PlaybookCatalog
 from playbooks.ports import AgentPort, KubePort
 from playbooks.schema import Playbook, StepSpec
-from playbooks.steps import (
-    REGISTRY,
-    Skipped,
-    StepContext,
-    StepFailed,
-    StepRegistry,
-    placed_by_us,
-    quarantine_of,
-)
+from playbooks.steps import REGISTRY, StepContext, StepRegistry, quarantine_of
 from remediator import consumers, safety
 from remediator.audit import AuditContext, AuditLog, IncidentAudit
 from remediator.bus import dead_letter_publisher, settle
-from remediator.contracts import AuditRecord, AuditWhat, Decision, StepRecord, utcnow
-from remediator.errors import PermanentError, RemediatorError, TemporaryError
-from remediator.kv import json_documents
+from remediator.contracts import Decision, utcnow
+from remediator.errors import PermanentError, TemporaryError
 from remediator.run import RunLog, RunRecord, RunResult, StepAction, StoredRun, next_step
 from remediator.safety import (
     Facts,
@@ -69,11 +60,13 @@ from remediator.safety import (
     LockHeld,
     LockLost,
     NodeLocks,
+    PoolCache,
     SafetyPolicy,
     SafetySnapshot,
 )
 from remediator.settings import Settings
 from remediator.state import StateStore
+from remediator.step_runner import StepAudit, StepRunner
 from remediator.subjects import (
     CLUSTER_TOKEN,
     LEDGER_KEY,
@@ -85,7 +78,7 @@ from remediator.subjects import (
     node_key,
     run_key,
 )
-from remediator.telemetry import span, trace_id_of, tracer
+from remediator.telemetry import span, trace_id_of
 
 log = logging.getLogger(__name__)
 
@@ -97,22 +90,6 @@ POOL_CACHE_S = 2.0  # how long a pool's node list serves the budget guard
 
 class _Cancelled(Exception):
     """A person overrode our workflow on the node (removed our taint or cordon)."""
-
-
-class _StepAudit:
-    """The audit log as the step library calls it (``playbooks.ports.AuditPort``), every record through the
-    incident's binding: the step's own fields never replace what the binding knows."""
-
-    def __init__(self, bound: IncidentAudit) -> None:
-        self.bound = bound
-
-    async def append(self, node: str | None, what: AuditWhat, why: str = "", *, incident: str | None = None,
-                     gpu: str | None = None, before: dict[str, Any] | None = None,
-                     after: dict[str, Any] | None = None, event_id: str | None = None, job: str | None = None,
-                     fingerprint: str | None = None, trace_id: str | None = None) -> AuditRecord:
-        c = self.bound.context
-        target = self.bound if node in (None, c.node) else self.bound.log.bind(replace(c, node=node))
-        return await target.append(what, why, before=before, after=after)
 
 
 class Executor:
@@ -139,8 +116,8 @@ class Executor:
         self._http = http
         self._state_kv: KeyValue | None = None
         self._rails: tuple[NodeLocks, Gate, RunLog] | None = None
-        self._pool_cache: dict[str, tuple[float, list[dict[str, Any]]]] = {}
-        self._pool_locks: dict[str, asyncio.Lock] = {}
+        self._pools = PoolCache(lambda pool: self.kube.list_gpu_nodes(pool), POOL_CACHE_S)
+        self._runner = StepRunner(steps, clock)
         self.results: list[RunResult] = []
 
     # --- plumbing ---------------------------------------------------------------------------------
@@ -153,19 +130,11 @@ class Executor:
         return self._rails
 
     def policy(self) -> SafetyPolicy:
-        s = self.settings
-        enabled = frozenset(g.strip() for g in s.guards_enabled.split(",") if g.strip())
-        return SafetyPolicy(
-            enabled=enabled, global_dry_run=s.dry_run, cooldown_s=s.cooldown_s, attempt_window_s=s.attempt_window_s,
-            max_node_attempts=s.max_node_attempts, max_gpu_attempts=s.max_gpu_attempts,
-            budget_max_node_fraction=s.budget_max_node_fraction, budget_max_nodes=s.budget_max_nodes,
-            budget_max_gpu_fraction=s.budget_max_gpu_fraction, budget_max_gpus=s.budget_max_gpus,
-            breaker_threshold=s.breaker_threshold, breaker_window_s=s.breaker_window_s,
-            lock_retry_s=max(s.nak_delay_s, 5.0))
+        return SafetyPolicy.of(self.settings.safety_view(), lock_retry_s=max(self.settings.nak_delay_s, 5.0))
 
     def _context(self, d: Decision, pb: Playbook, audit: IncidentAudit) -> StepContext:
         return StepContext(decision=d, playbook=pb, kube=self.kube, agents=self.agents, settings=self.settings,
-                           clock=self.clock, audit=_StepAudit(audit), sleep=self._sleep, http=self._http)
+                           clock=self.clock, audit=StepAudit(audit), sleep=self._sleep, http=self._http)
 
     @staticmethod
     async def _verdict(audit: IncidentAudit, v: GuardVerdict, **extra: Any) -> None:
@@ -178,9 +147,9 @@ class Executor:
         headers; raises ``TemporaryError`` when it must be retried later (lock held elsewhere, approval
         pending, Kubernetes or the agent unavailable, a lost compare-and-set) and ``PermanentError`` when it
         can never run (unknown playbook)."""
-        with span("executor.run", msg.headers if msg is not None else None) as sp:
-            sp.set_attributes({"remediator.incident": decision.incident_id, "remediator.node": decision.node,
-                               "remediator.playbook": decision.playbook})
+        attributes = {"remediator.incident": decision.incident_id, "remediator.node": decision.node,
+                      "remediator.playbook": decision.playbook}
+        with span("executor.run", msg.headers if msg is not None else None, attributes) as sp:
             audit = self.audit.bind(AuditContext.of_decision(decision, trace_id_of(sp)))
             result = await self._execute(decision, msg, audit)
             sp.set_attribute("remediator.outcome", result.outcome)
@@ -263,27 +232,24 @@ class Executor:
                         failed = [run.records[k] for k in run.order if run.records[k].status == "failed"]
                         why = failed[-1].detail if failed else "no rung of the ladder healed the fault"
                         if nxt.stop == "rollback" and not run.shadow:
-                            await self._rollback(ctx, stored)
+                            await self._runner.rollback(ctx, stored)
                             outcome = "rolled-back"
-                        await self._escalate(ctx, stored, f"{pb.name} failed: {why}")
+                        await self._runner.escalate(ctx, stored, f"{pb.name} failed: {why}")
                         outcome = outcome if outcome == "rolled-back" else "escalated"
                         detail = why
                     break
                 spec = nxt.spec
                 if nxt.skip_reason or run.shadow:
                     why = nxt.skip_reason or f"dry-run: would run {spec.name} {spec.params or ''}".strip()
-                    run.put(spec.key, StepRecord(name=spec.name, status="skipped", params=dict(spec.params),
-                                                 detail=why, started_at=self.clock(), finished_at=self.clock()))
-                    await stored.save()
-                    await audit.append("step_skipped", f"{spec.key}: {why}", after={"step": spec.key})
+                    await self._runner.skip(ctx, spec, stored, why)
                     continue
                 if not run.shadow:
-                    reason = await self._overridden(ctx, run)
+                    reason = await self._runner.overridden(ctx, run)
                     if reason:
                         raise _Cancelled(reason)
                 if spec.requires_approval:
                     await self._await_approval(d, spec, audit)
-                await self._run_step(ctx, spec, stored)
+                await self._runner.run(ctx, spec, stored)
             if run.shadow:
                 outcome = "dry-run"
         except _Cancelled as c:
@@ -314,21 +280,6 @@ class Executor:
 
     # --- guards -----------------------------------------------------------------------------------
 
-    async def _pool_nodes(self, pool: str) -> list[dict[str, Any]]:
-        """The pool's GPU nodes, listed at most once per ``POOL_CACHE_S`` however many runs ask at once.
-
-        Staleness only hides nodes someone else took out in the last seconds: nodes this service takes out
-        are counted from the ledger's reservations, which are written by compare-and-set.
-        """
-        loop = asyncio.get_running_loop()
-        async with self._pool_locks.setdefault(pool, asyncio.Lock()):
-            cached = self._pool_cache.get(pool)
-            if cached is not None and loop.time() - cached[0] < POOL_CACHE_S:
-                return cached[1]
-            nodes: list[dict[str, Any]] = await self.kube.list_gpu_nodes(pool)
-            self._pool_cache[pool] = (loop.time(), nodes)
-            return nodes
-
     async def _guards(self, d: Decision, pb: Playbook, lease: Lease, audit: IncidentAudit) -> GateResult:
         """Gather the facts, let the gate evaluate and commit, and audit each verdict once."""
         _, gate, _ = await self._kv()
@@ -342,7 +293,7 @@ class Executor:
         attempts = await gate.attempts.recent(d.node) if "cooldown" in policy.enabled else ()
         pool_nodes = None
         if "budget" in policy.enabled and quarantine is not None:
-            pool_nodes = await self._pool_nodes(str(node.get("pool") or "default"))
+            pool_nodes = await self._pools.nodes(str(node.get("pool") or "default"))
         facts = Facts(node=node, quarantine=quarantine, playbook_dry_run=pb.dry_run, me=lease.owner,
                       lock_holder=None if lease.lost.is_set() else lease.owner, taint_key=self.settings.taint_key,
                       attempts=attempts, pool_nodes=pool_nodes)
@@ -362,20 +313,16 @@ class Executor:
             await stored.save()
             raise TemporaryError(why, delay=stop.retry_after_s)
         if stop.effect == "escalate" and not stored.run.shadow:
-            await self._escalate(ctx, stored, why)
+            await self._runner.escalate(ctx, stored, why)
             return await self._finish(d, pb, stored, "escalated", why, audit)
         return await self._finish(d, pb, stored, "blocked", why, audit)
 
     async def _await_approval(self, d: Decision, spec: StepSpec, audit: IncidentAudit) -> None:
-        await self._kv()
-        assert self._state_kv is not None
-        approvals = json_documents(self._state_kv)
+        """The ``approval`` guard before a gated step, polled for up to ``approval_wait_s``; audited once."""
+        _, gate, _ = await self._kv()
         waited = 0.0
         while True:
-            approved = (await approvals.get(approval_key(d.incident_id))).value
-            snap = SafetySnapshot(policy=self.policy(), approval_steps=(spec.key,),
-                                  approved_by=(approved or {}).get("by"))
-            v = safety.evaluate(d, snap, self.clock(), only=frozenset({"approval"}))[0]
+            v = await gate.approval(d, self.policy(), spec.key, self.clock())
             if v.allowed or waited >= self.settings.approval_wait_s:
                 await self._verdict(audit, v, step=spec.key)
                 if v.allowed:
@@ -384,98 +331,13 @@ class Executor:
             await asyncio.sleep(1.0)
             waited += 1.0
 
-    # --- steps ------------------------------------------------------------------------------------
-
-    async def _run_step(self, ctx: StepContext, spec: StepSpec, stored: StoredRun, key: str | None = None) -> None:
-        key = key or spec.key
-        with tracer().start_as_current_span(f"step {key}") as sp:
-            sp.set_attributes({"remediator.step": key, "remediator.step.name": spec.name})
-            status = await self._step(ctx, spec, stored, key)
-            sp.set_attribute("remediator.step.status", status)
-
-    async def _step(self, ctx: StepContext, spec: StepSpec, stored: StoredRun, key: str) -> str:
-        """Run one step with its record persisted before and after; returns the status it ended with."""
-        run, audit = stored.run, ctx.audit
-        prior = run.records.get(key)
-        started = self.clock()
-        run.put(key, StepRecord(name=spec.name, status="running", params=dict(spec.params), started_at=started,
-                                detail="resumed after an interrupted attempt" if prior else ""))
-        await stored.save()
-        await audit.append(ctx.node, "step_started", f"{key}: {spec.name}" + (" (resumed)" if prior else ""),
-                           after={"step": key, "params": dict(spec.params), "timeout_s": spec.timeout_s})
-        sctx = replace(ctx, records=dict(run.records), step_key=key, timeout_s=spec.timeout_s)
-        fn = self.steps.get(spec.name).fn
-        try:
-            res = await asyncio.wait_for(fn(sctx, spec.params), timeout=spec.timeout_s)
-        # A TemporaryError (Kubernetes, an agent) propagates to settle, which naks with its delay; a
-        # PermanentError (a drain that timed out, an unrestartable job) fails the step like StepFailed.
-        except (StepFailed, PermanentError, TimeoutError) as e:
-            detail = str(e) or f"timed out after {spec.timeout_s:g}s"
-            before = getattr(e, "before", {}) or {}
-            after = getattr(e, "after", {}) or {}
-            run.put(key, StepRecord(name=spec.name, status="failed", params=dict(spec.params), before=before,
-                                    after=after, detail=detail[:2000], started_at=started,
-                                    finished_at=self.clock()))
-            await stored.save()
-            await audit.append(ctx.node, "step_failed", f"{key}: {detail}"[:4000], before=before, after=after)
-            return "failed"
-        skipped = isinstance(res, Skipped)
-        status = "skipped" if skipped else "succeeded"
-        after = {**res.after, "changed_by_us": res.changed}
-        run.put(key, StepRecord(name=spec.name, status=status, params=dict(spec.params), before=res.before,
-                                after=after, detail=res.detail[:2000], started_at=started, finished_at=self.clock()))
-        await stored.save()
-        await audit.append(ctx.node, "step_skipped" if skipped else "step_succeeded",
-                           f"{key}: {res.detail}"[:4000], before=res.before, after=after)
-        return status
-
-    async def _escalate(self, ctx: StepContext, stored: StoredRun, reason: str) -> None:
-        key = "escalate-on-failure"
-        if key in stored.run.records and stored.run.records[key].status == "succeeded":
-            return
-        spec = StepSpec(name="escalate", id=key, params={"reason": reason}, timeout_s=60.0)
-        await self._run_step(ctx, spec, stored, key)
-
-    async def _rollback(self, ctx: StepContext, stored: StoredRun) -> None:
-        run, pb = stored.run, ctx.playbook
-        if pb.rollback:
-            specs = list(pb.rollback)
-        else:
-            specs = []
-            for k in reversed(list(run.order)):
-                rec = run.records[k]
-                undo = self.steps.get(rec.name).undo if rec.name in self.steps else None
-                if undo and rec.status == "succeeded" and rec.after.get("changed_by_us"):
-                    specs.append(StepSpec(name=undo, id=f"undo-{k}", params=dict(rec.params), timeout_s=120.0))
-        for spec in specs:
-            key = f"rollback-{spec.key}"
-            if run.records.get(key) is not None and run.records[key].status == "succeeded":
-                continue
-            await self._run_step(ctx, spec, stored, key)
-
-    async def _overridden(self, ctx: StepContext, run: RunRecord) -> str:
-        """A person removed our taint or uncordoned the node while the run is open: the reason, else ''."""
-        recs = list(run.records.values())
-        if any(r.name == "return_to_service" for r in recs):
-            return ""
-        taint = any(r.name == "taint" and placed_by_us(r, ctx) and r.after.get("changed_by_us") for r in recs)
-        cordon = any(r.name == "cordon" and placed_by_us(r, ctx) and r.after.get("changed_by_us") for r in recs)
-        if not (taint or cordon):
-            return ""
-        node = await self.kube.get_node(ctx.node)
-        if taint and not any(t.get("key") == self.settings.taint_key for t in node.get("taints", [])):
-            return f"our taint {self.settings.taint_key} was removed from {ctx.node}"
-        if cordon and not node.get("unschedulable"):
-            return f"{ctx.node} was uncordoned"
-        return ""
-
     # --- one delivery -----------------------------------------------------------------------------
 
     async def on_message(self, msg: Msg) -> None:
         """Execute one REMEDIATIONS delivery and settle it (``bus.settle``): the entry point of the
         ``executor`` subscriber (``remediator.consumers``), which runs ``executor_concurrency`` at once.
         Expected conditions (our errors: a held lock, a lost race, a pending approval) are logged by
-        ``settle`` in one line; only a bug gets a traceback."""
+        ``settle`` in one line; only a bug gets a traceback, once."""
         error: BaseException | None = None
         try:
             try:
@@ -485,11 +347,9 @@ class Executor:
             await self.execute(decision, msg)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # mapped to ack/nak/term by settle, the one place that decides
-            if isinstance(exc, PermanentError):
+        except Exception as exc:  # mapped to ack/nak/term (and logged) by settle, the one place that decides
+            if isinstance(exc, PermanentError):  # settle dead-letters it without a word
                 log.warning("executing %s failed: %s", msg.subject, exc)
-            elif not isinstance(exc, RemediatorError):
-                log.warning("executing %s failed: %s", msg.subject, exc, exc_info=exc)
             error = exc
         await settle(msg, error, max_deliver=self.settings.max_deliver, nak_delay=self.settings.nak_delay_s,
                      dead_letter=self._dead_letter)

@@ -11,7 +11,8 @@ won, and then records the attempt. Auditing the verdicts is the caller's (it kno
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 from nats.js.kv import KeyValue
 
 from remediator.contracts import Decision
+from remediator.kv import json_documents
 from remediator.safety.attempts import Attempt, AttemptLog
 from remediator.safety.guards import (
     GUARD_NAMES,
@@ -32,9 +34,9 @@ from remediator.safety.guards import (
     shadow,
 )
 from remediator.safety.ledger import BreakerState, Ledger, LedgerStore
-from remediator.subjects import LEDGER_KEY
+from remediator.subjects import LEDGER_KEY, approval_key
 
-__all__ = ["Facts", "Gate", "GateResult", "decide"]
+__all__ = ["Facts", "Gate", "GateResult", "PoolCache", "decide", "pool_usage"]
 
 
 @dataclass(frozen=True)
@@ -113,12 +115,44 @@ def decide(d: Decision, policy: SafetyPolicy, facts: Facts, ledger: Ledger,
     return new, GateResult(verdicts, new.holds(d), tripped)
 
 
+class PoolCache:
+    """A pool's GPU nodes, listed through ``list_nodes`` at most once per ``ttl_s`` however many runs ask.
+
+    Staleness only hides nodes someone else took out in the last seconds: nodes this service takes out are
+    counted from the ledger's reservations, which are written by compare-and-set.
+    """
+
+    def __init__(self, list_nodes: Callable[[str], Awaitable[list[dict[str, Any]]]], ttl_s: float = 2.0) -> None:
+        self._list = list_nodes
+        self._ttl_s = ttl_s
+        self._cache: dict[str, tuple[float, list[dict[str, Any]]]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def nodes(self, pool: str) -> list[dict[str, Any]]:
+        loop = asyncio.get_running_loop()
+        async with self._locks.setdefault(pool, asyncio.Lock()):
+            cached = self._cache.get(pool)
+            if cached is not None and loop.time() - cached[0] < self._ttl_s:
+                return cached[1]
+            nodes = await self._list(pool)
+            self._cache[pool] = (loop.time(), nodes)
+            return nodes
+
+
 class Gate:
     """Evaluates a decision's guards against the shared ledger and attempts of the state bucket."""
 
     def __init__(self, state_kv: KeyValue) -> None:
         self.ledger = LedgerStore(state_kv)
         self.attempts = AttemptLog(state_kv)
+        self.approvals = json_documents(state_kv)
+
+    async def approval(self, d: Decision, policy: SafetyPolicy, step: str, now: datetime) -> GuardVerdict:
+        """The ``approval`` guard for one gated ``step``: allowed once someone approved the incident
+        (``approval.<incident>``, written by ``remediator approve``)."""
+        approved = (await self.approvals.get(approval_key(d.incident_id))).value
+        snap = SafetySnapshot(policy=policy, approval_steps=(step,), approved_by=(approved or {}).get("by"))
+        return evaluate(d, snap, now, only=frozenset({"approval"}))[0]
 
     async def evaluate(self, d: Decision, policy: SafetyPolicy, facts: Facts, now: datetime) -> GateResult:
         """The verdicts over ``facts``, their bookkeeping committed; a run that goes ahead for real (not

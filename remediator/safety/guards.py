@@ -32,6 +32,7 @@ from typing import Any, Literal
 from remediator.contracts import OPT_OUT_LABEL, Decision
 from remediator.safety.attempts import Attempt
 from remediator.safety.ledger import BreakerState
+from remediator.settings import SafetySettings
 
 Effect = Literal["proceed", "shadow", "escalate", "retry", "block", "trip", "wait"]
 Quarantine = Literal["node", "gpu"] | None
@@ -72,7 +73,7 @@ class PoolUsage:
 
 @dataclass(frozen=True)
 class SafetyPolicy:
-    """The limits the guards apply; built from ``Settings`` by the executor."""
+    """The limits the guards apply; ``of`` builds them from the ``safety`` settings section."""
 
     enabled: frozenset[str] = frozenset(GUARD_NAMES)
     global_dry_run: bool = False
@@ -87,6 +88,17 @@ class SafetyPolicy:
     breaker_threshold: int = 10
     breaker_window_s: float = 300.0
     lock_retry_s: float = 10.0
+
+    @staticmethod
+    def of(s: SafetySettings, *, lock_retry_s: float = 10.0) -> SafetyPolicy:
+        """The limits of the ``safety`` settings section; a refused lock is retried after ``lock_retry_s``."""
+        return SafetyPolicy(
+            enabled=s.guards_enabled, global_dry_run=s.dry_run, cooldown_s=s.cooldown_s,
+            attempt_window_s=s.attempt_window_s, max_node_attempts=s.max_node_attempts,
+            max_gpu_attempts=s.max_gpu_attempts, budget_max_node_fraction=s.budget_max_node_fraction,
+            budget_max_nodes=s.budget_max_nodes, budget_max_gpu_fraction=s.budget_max_gpu_fraction,
+            budget_max_gpus=s.budget_max_gpus, breaker_threshold=s.breaker_threshold,
+            breaker_window_s=s.breaker_window_s, lock_retry_s=lock_retry_s)
 
     def node_limit(self, total: int) -> int:
         """Most GPU nodes of a pool of ``total`` that may be out at once: never below one."""

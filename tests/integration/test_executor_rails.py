@@ -42,7 +42,7 @@ def spans() -> Iterator[InMemorySpanExporter]:
 
 
 def second_replica(r: Rig, actor: str) -> Executor:
-    return Executor(r.nc, r.js, r.settings, r.kube, AuditLog(r.js, actor), PlaybookCatalog.load(),
+    return Executor(r.nc, r.js, r.settings, r.executor.kube, AuditLog(r.js, actor), PlaybookCatalog.load(),
                     AgentClient(r.nc, timeout_s=2.0), actor=actor)
 
 
