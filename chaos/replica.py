@@ -169,8 +169,8 @@ async def crash(replica: Replica) -> None:
         for t in live:
             t.cancel()
         await asyncio.wait(live, timeout=0.5)
-    if replica.service.executor is not None:
-        replica.service.executor.close()
+    if replica.service.kube is not None:  # its Kubernetes worker threads die with it
+        replica.service.kube.close()
 
 
 async def stop(replica: Replica) -> None:
