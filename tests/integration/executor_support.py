@@ -73,7 +73,7 @@ class SimAgents:
         if cmd.verb == "reset_gpu":
             holders = {i: p for i, p in self.sim.gpus_in_use(node).items() if i == idx}
             if holders:
-                return AgentReply(id=cmd.id, ok=False, detail=f"GPU {idx} is held by {holders[idx]}")
+                return AgentReply(id=cmd.id, ok=False, detail=f"GPU {idx} is held by {next(iter(holders.values()))}")
             return AgentReply(id=cmd.id, ok=True, changed=True, detail=f"GPU {idx} reset")
         if cmd.verb == "status" and idx is not None:  # the GPU's holders: the simulated kubelet's allocation
             held = [h.to_dict() for h in self.sim.gpu_allocation(node).get(idx, [])]

@@ -3,14 +3,14 @@ blast-radius budget is never exceeded, and no completed step runs again.
 
 The executor's coordination is modelled purely, one atomic operation per yield, over a model KV with the
 same compare-and-set semantics as NATS KV (create fails when the key exists; update fails when the revision
-moved). The decisions use the real pure parts: ``safety.evaluate`` (budget, breaker, lock guards) and the
-executor's ``next_step`` plan over the real ``gpu-lost`` playbook.
+moved). The decisions use the real pure parts: the gate's ``decide`` (the budget, breaker and lock guards over the
+ledger, and the reservation they book) and the ``next_step`` plan over the real ``gpu-lost`` playbook.
 """
 
 from __future__ import annotations
 
 from collections.abc import Generator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,10 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from playbooks.catalog import PlaybookCatalog
-from remediator import safety
 from remediator.contracts import Decision, GpuRef, StepRecord
 from remediator.run import next_step
-from remediator.safety import Ledger, PoolUsage, SafetyPolicy, SafetySnapshot
+from remediator.safety import Facts, Ledger, SafetyPolicy, reservation_key
+from remediator.safety.gate import decide
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 PB = PlaybookCatalog.load().get("gpu-lost")
@@ -95,21 +95,17 @@ def run_decision(w: World, d: Decision, me: str) -> Generator[None, None, str]:
             while True:
                 raw, lrev = w.kv.get("ledger")
                 ledger: Ledger = raw or Ledger()
-                reserved = {r["node"] for r in ledger.reservations.values()}
-                usage = PoolUsage("p", len(NODES), len(NODES) * 8, frozenset(w.out | reserved), 0, 8)
-                snap = SafetySnapshot(policy=POLICY, quarantine="node", lock_holder=me, me=me, pool=usage,
-                                      breaker=ledger.breaker)
-                verdicts = safety.evaluate(d, snap, T0, only=frozenset(safety.GUARD_NAMES) - {"approval"})
-                stop = safety.blocking(verdicts)
+                pool = [{"name": n, "gpus": 8, "unschedulable": n in w.out, "taints": []} for n in NODES]
+                facts = Facts(node={"name": d.node, "pool": "p", "gpus": 8}, quarantine="node",
+                              playbook_dry_run=False, me=me, lock_holder=me, taint_key="t", pool_nodes=pool)
+                new, gate = decide(d, POLICY, facts, ledger, T0)  # the executor's gate, pure
                 yield
-                if stop is not None:
-                    run.update(status="finished", outcome=f"blocked:{stop.name}")
+                if gate.stop is not None:
+                    run.update(status="finished", outcome=f"blocked:{gate.stop.name}")
                     w.kv.cas(run_key, run, rrev)
-                    return run["outcome"]
-                res = dict(ledger.reservations)
-                res[d.node] = {"node": d.node, "incident": d.incident_id}
+                    return str(run["outcome"])
                 try:
-                    w.kv.cas("ledger", replace(ledger, reservations=res), lrev)
+                    w.kv.cas("ledger", new, lrev)
                 except Conflict:
                     continue  # re-read and re-decide
                 break
@@ -224,4 +220,4 @@ def test_a_completed_step_is_never_executed_again_after_a_crash() -> None:
         assert stop.value == "done"
     assert [k for _, k in w.executed].count("taint") == 1
     assert [k for _, k in w.executed] == [s.key for s in PB.steps]
-    assert w.kv.get("ledger")[0].reservations["n0"]["incident"] == "inc-0"
+    assert w.kv.get("ledger")[0].reservations[reservation_key(d)]["incident"] == "inc-0"
