@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import multiprocessing as mp
 import tempfile
 import threading
@@ -78,8 +77,10 @@ async def _one_run(nodes: int, failing: int, *, breaker: bool, progress: Progres
     from remediator.dispatch import Dispatcher
     from remediator.executor import Executor
     from remediator.natsd import EmbeddedNats
+    from remediator.safety import LedgerStore
     from remediator.service import configured_registry
     from remediator.settings import Settings
+    from remediator.subjects import STATE_BUCKET
 
     assert handlers
     say = progress or (lambda _m: None)
@@ -146,11 +147,10 @@ async def _one_run(nodes: int, failing: int, *, breaker: bool, progress: Progres
             outcomes: dict[str, int] = {}
             for r in executor.results:
                 outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
-            kv = await js_x.key_value("remediator-state")
+            kv = await js_x.key_value(STATE_BUCKET)
             tripped = False
             with contextlib.suppress(Exception):
-                entry = await kv.get("safety.ledger")
-                tripped = bool(json.loads(entry.value or b"{}").get("breaker", {}).get("open"))
+                tripped = (await LedgerStore(kv).read()).breaker.open
             for nc in (nc_d, nc_x, nc_p):
                 with contextlib.suppress(Exception):
                     await nc.drain()
