@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -92,7 +92,8 @@ class Dispatcher:
     ``run`` consumes until stopped."""
 
     def __init__(self, nc: NATS, js: JetStreamContext, state_kv: KeyValue, settings: Settings, audit: AuditLog,
-                 registry: HandlerRegistry, clock: Callable[[], datetime] = utcnow, batch: int = 128) -> None:
+                 registry: HandlerRegistry, clock: Callable[[], datetime] = utcnow, batch: int = 128,
+                 origins: Callable[[FaultEvent], Awaitable[FaultEvent]] | None = None) -> None:
         self._nc = nc
         self._js = js
         self._kv = state_kv
@@ -100,6 +101,7 @@ class Dispatcher:
         self._settings = settings
         self._audit = audit
         self._registry = registry
+        self._origins = origins  # fills origin.job from the pod's owner (remediator.owners), when given
         self._clock = clock
         self._batch = batch
         self.stats = DispatchStats()
@@ -120,6 +122,8 @@ class Dispatcher:
         ``trace_id`` is stamped on every audit record, ``traceparent`` sent with every decision published.
         """
         self.stats.events += 1
+        if self._origins is not None:
+            event = await self._origins(event)
         specs = self._registry.for_event(event)
         audit = self._audit.bind(AuditContext.of_event(event, trace_id))
         published: list[Decision] = []

@@ -1,0 +1,85 @@
+"""Owner resolution: the job of the pod an event names, from the pod's owner references, once per pod.
+
+Where it sits: in the service, between a delivery on FAULTS and the handlers. An alert (ingest) or a
+container log (the agent) names the pod a fault was seen in (``FaultEvent.origin``: namespace, pod), never
+its job: neither knows the pod's owner. Dispatch hands each event to ``OwnerResolver`` before it asks the
+registry which handlers to call, and the resolver fills ``origin.job`` from the Kubernetes adapter's job
+discovery (``find_job``: owner references first, then the Kubeflow, JobSet and batch labels), so
+``contracts.resolve_job`` sees the owner reference first, as its precedence says. A bare pod (nothing owns
+it) has no job: a pod's name is never taken for one.
+
+Best effort, cached: an event whose origin already names a job, or names no pod, passes unchanged; an answer
+is kept per (node, namespace, pod) for ``ttl_s`` (a pod's owner does not change while it lives), a pod not
+found for ``miss_ttl_s``; a failed lookup is logged, not cached, and the event goes on without a job (a
+hardware fault is never held up by the API server).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from remediator.contracts import FaultEvent, JobRef
+
+log = logging.getLogger(__name__)
+
+__all__ = ["JobFinder", "OwnerResolver"]
+
+
+class JobFinder(Protocol):
+    """The part of the Kubernetes port owner resolution uses (``remediator.adapters.kube.AsyncKube``)."""
+
+    async def find_job(self, node: str, *, name: str | None = None, namespace: str | None = None,
+                       pod_filter: Callable[[dict[str, Any]], bool] | None = None) -> JobRef | None: ...
+
+
+class OwnerResolver:
+    """``await resolver(event)``: ``event`` with ``origin.job`` set from its pod's owner, when there is one."""
+
+    def __init__(self, kube: JobFinder, *, ttl_s: float = 3600.0, miss_ttl_s: float = 30.0, size: int = 4096,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._kube = kube
+        self._ttl_s = ttl_s
+        self._miss_ttl_s = miss_ttl_s
+        self._size = size
+        self._clock = clock
+        self._known: OrderedDict[tuple[str, str, str], tuple[str | None, float]] = OrderedDict()
+        self.lookups = 0
+
+    async def __call__(self, event: FaultEvent) -> FaultEvent:
+        origin = event.origin
+        if origin.job or not origin.pod:
+            return event
+        job = await self.job_of(event.node, origin.namespace, origin.pod)
+        if job is None:
+            return event
+        return event.model_copy(update={"origin": origin.model_copy(update={"job": job})})
+
+    async def job_of(self, node: str, namespace: str | None, pod: str) -> str | None:
+        """The name of the controller of ``namespace/pod`` on ``node``, or None (bare pod, pod not found, or
+        the API did not answer)."""
+        key = (node, namespace or "", pod)
+        now = self._clock()
+        cached = self._known.get(key)
+        if cached is not None and cached[1] > now:
+            self._known.move_to_end(key)
+            return cached[0]
+
+        def the_pod(p: dict[str, Any]) -> bool:
+            return bool(p.get("name") == pod and (namespace is None or p.get("namespace") == namespace))
+
+        self.lookups += 1
+        try:
+            ref = await self._kube.find_job(node, pod_filter=the_pod)
+        except Exception as exc:  # best effort: the event goes on without a job, the next one asks again
+            log.warning("owner of pod %s/%s on %s not resolved: %s", namespace or "?", pod, node, exc)
+            return None
+        job = ref.name if ref is not None and ref.kind != "Pod" else None
+        self._known[key] = (job, now + (self._ttl_s if ref is not None else self._miss_ttl_s))
+        self._known.move_to_end(key)
+        while len(self._known) > self._size:
+            self._known.popitem(last=False)
+        return job

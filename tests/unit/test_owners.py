@@ -1,0 +1,109 @@
+"""Owner resolution: an event's pod named by its owner's job, once per pod; a bare pod is no job."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from handlers import default_registry
+from handlers.base import History
+from remediator.contracts import JobRef, Origin, resolve_job
+from remediator.owners import OwnerResolver
+from tests.unit.handler_helpers import at, ev
+
+PODS = {
+    ("node-1", "ml", "train-a-0"): JobRef("PyTorchJob", "train-a", "ml", "kubeflow.org/v1"),
+    ("node-1", "ml", "train-b-0"): JobRef("PyTorchJob", "train-b", "ml", "kubeflow.org/v1"),
+    ("node-1", "ml", "train-c-0"): JobRef("Job", "train-c", "ml", "batch/v1"),
+    ("node-1", "ml", "scratch"): JobRef("Pod", "scratch", "ml", "v1"),
+}
+
+
+class FakeKube:
+    """``find_job`` over ``PODS``, as the adapter's job discovery answers for the one pod ``pod_filter`` keeps."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.calls = 0
+        self.fail = fail
+
+    async def find_job(self, node: str, *, name: str | None = None, namespace: str | None = None,
+                       pod_filter: Callable[[dict[str, Any]], bool] | None = None) -> JobRef | None:
+        self.calls += 1
+        if self.fail:
+            raise ConnectionError("API server unreachable")
+        assert name is None and pod_filter is not None
+        hits = [ref for (n, ns, pod), ref in PODS.items() if n == node and pod_filter({"name": pod, "namespace": ns})]
+        return hits[0] if len(hits) == 1 else None
+
+
+def pod_event(pod: str, **kw: Any):  # type: ignore[no-untyped-def]
+    return ev("xid", 13, origin=Origin(pod=pod, namespace="ml"), **kw)
+
+
+async def test_the_pods_owner_becomes_the_events_job_once_per_pod() -> None:
+    kube = FakeKube()
+    resolve = OwnerResolver(kube)
+    e = await resolve(pod_event("train-a-0"))
+    assert e.origin.job == "train-a" and e.origin.pod == "train-a-0"
+    assert resolve_job(e.origin, e.labels) == "train-a"
+    assert (await resolve(pod_event("train-a-0"))).origin.job == "train-a"
+    assert kube.calls == 1  # cached
+
+
+@pytest.mark.parametrize("event", [
+    pytest.param(pod_event("scratch"), id="bare-pod-is-no-job"),
+    pytest.param(pod_event("gone"), id="pod-not-on-the-node"),
+    pytest.param(ev("xid", 13), id="no-pod"),
+])
+async def test_no_owner_no_job(event: Any) -> None:
+    out = await OwnerResolver(FakeKube())(event)
+    assert out == event and out.origin.job is None
+
+
+async def test_a_job_already_known_is_never_looked_up() -> None:
+    kube = FakeKube()
+    e = ev("xid", 13, origin=Origin(pod="train-a-0", namespace="ml", job="from-ingest"))
+    assert await OwnerResolver(kube)(e) is e and kube.calls == 0
+
+
+async def test_a_failed_lookup_lets_the_event_through_and_is_asked_again() -> None:
+    kube = FakeKube(fail=True)
+    resolve = OwnerResolver(kube)
+    e = pod_event("train-a-0")
+    assert await resolve(e) == e
+    kube.fail = False
+    assert (await resolve(e)).origin.job == "train-a"
+    assert kube.calls == 2
+
+
+async def test_a_miss_is_forgotten_after_its_ttl() -> None:
+    now = [0.0]
+    kube = FakeKube()
+    resolve = OwnerResolver(kube, miss_ttl_s=30, clock=lambda: now[0])
+    await resolve(pod_event("gone"))
+    await resolve(pod_event("gone"))
+    assert kube.calls == 1
+    now[0] = 31
+    await resolve(pod_event("gone"))
+    assert kube.calls == 2
+
+
+async def test_three_jobs_pods_on_one_gpu_point_at_the_hardware_once_owners_are_known() -> None:
+    """The demo's Xid 13 in three jobs' pods: alerts name pods only; with their owners resolved they are three
+    jobs, so the third is ``app-xid-hardware-suspect`` (without, a pod name is no job and nothing counts)."""
+    spec = default_registry().specs["xid"]
+    resolve = OwnerResolver(FakeKube())
+    h, verdicts = History(), []
+    for i, pod in enumerate(("train-a-0", "train-b-0", "train-c-0")):
+        v = spec.decide(await resolve(pod_event(pod)), h, at(hours=i), spec.policy)
+        verdicts.append(v)
+        h = v.history
+    d = verdicts[-1].decision
+    assert d is not None and d.playbook == "app-xid-hardware-suspect"
+    h = History()
+    for i, pod in enumerate(("train-a-0", "train-b-0", "train-c-0")):
+        v = spec.decide(pod_event(pod), h, at(hours=i), spec.policy)
+        h = v.history
+        assert v.decision is None
