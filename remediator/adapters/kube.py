@@ -49,6 +49,7 @@ the audit trail.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import hashlib
 import json
@@ -1361,8 +1362,11 @@ class AsyncKube:
         return self.sync.taint_key
 
     async def _call(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        # The caller's context variables (the current trace span among them) travel with the call, as
+        # with asyncio.to_thread.
+        context = contextvars.copy_context()
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+        return await loop.run_in_executor(self._pool, functools.partial(context.run, fn, *args, **kwargs))
 
     def close(self) -> None:
         """Stop the worker threads and release the adapter's connection pool."""

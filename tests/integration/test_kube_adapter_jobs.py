@@ -9,6 +9,7 @@ node.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 import time
 from collections.abc import Iterator
@@ -148,6 +149,24 @@ async def test_the_async_port_hops_once_onto_its_own_bounded_pool(kubeconfig: Pa
     assert sync.most == 2  # never more than the pool's bound, and the calls did overlap
     assert sync.threads and all(t.startswith("kube") for t in sync.threads)
     assert threading.current_thread().name not in sync.threads
+
+
+CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("caller", default="")
+
+
+class ContextKube(KubeAdapter):
+    def get_node(self, name: str) -> dict[str, Any]:
+        return {**super().get_node(name), "caller": CALLER.get()}
+
+
+async def test_the_callers_context_travels_into_the_ports_thread(kubeconfig: Path) -> None:
+    port = AsyncKube(ContextKube(str(kubeconfig)))
+    try:
+        CALLER.set("step drain")  # as a current trace span would be
+        node = await port.get_node("gpu-node-0")
+    finally:
+        port.close()
+    assert node["caller"] == "step drain"
 
 
 async def test_the_async_port_finds_and_restarts_a_job_and_reports_a_change(
