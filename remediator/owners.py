@@ -10,12 +10,14 @@ it) has no job: a pod's name is never taken for one.
 
 Best effort, cached: an event whose origin already names a job, or names no pod, passes unchanged; an answer
 is kept per (node, namespace, pod) for ``ttl_s`` (a pod's owner does not change while it lives), a pod not
-found for ``miss_ttl_s``; a failed lookup is logged, not cached, and the event goes on without a job (a
-hardware fault is never held up by the API server).
+found for ``miss_ttl_s``. A lookup that fails or takes longer than ``timeout_s`` is logged, not cached, and
+the event goes on without a job; for ``backoff_s`` after that no lookup is tried, so a slow or absent API
+server neither holds up a hardware fault nor fills the adapter's threads, which the executor's steps need.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import OrderedDict
@@ -40,12 +42,16 @@ class OwnerResolver:
     """``await resolver(event)``: ``event`` with ``origin.job`` set from its pod's owner, when there is one."""
 
     def __init__(self, kube: JobFinder, *, ttl_s: float = 3600.0, miss_ttl_s: float = 30.0, size: int = 4096,
+                 timeout_s: float = 2.0, backoff_s: float = 10.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._kube = kube
         self._ttl_s = ttl_s
         self._miss_ttl_s = miss_ttl_s
         self._size = size
+        self._timeout_s = timeout_s
+        self._backoff_s = backoff_s
         self._clock = clock
+        self._quiet_until = float("-inf")
         self._known: OrderedDict[tuple[str, str, str], tuple[str | None, float]] = OrderedDict()
         self.lookups = 0
 
@@ -71,11 +77,15 @@ class OwnerResolver:
         def the_pod(p: dict[str, Any]) -> bool:
             return bool(p.get("name") == pod and (namespace is None or p.get("namespace") == namespace))
 
+        if now < self._quiet_until:
+            return None
         self.lookups += 1
         try:
-            ref = await self._kube.find_job(node, pod_filter=the_pod)
-        except Exception as exc:  # best effort: the event goes on without a job, the next one asks again
-            log.warning("owner of pod %s/%s on %s not resolved: %s", namespace or "?", pod, node, exc)
+            ref = await asyncio.wait_for(self._kube.find_job(node, pod_filter=the_pod), self._timeout_s)
+        except Exception as exc:  # best effort: the event goes on without a job; ask again after the backoff
+            self._quiet_until = now + self._backoff_s
+            log.warning("owner of pod %s/%s on %s not resolved (%s); no lookups for %g s", namespace or "?", pod,
+                        node, exc or type(exc).__name__, self._backoff_s)
             return None
         job = ref.name if ref is not None and ref.kind != "Pod" else None
         self._known[key] = (job, now + (self._ttl_s if ref is not None else self._miss_ttl_s))

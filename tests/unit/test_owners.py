@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -68,14 +69,31 @@ async def test_a_job_already_known_is_never_looked_up() -> None:
     assert await OwnerResolver(kube)(e) is e and kube.calls == 0
 
 
-async def test_a_failed_lookup_lets_the_event_through_and_is_asked_again() -> None:
+async def test_a_failed_lookup_lets_the_event_through_and_is_asked_again_after_the_backoff() -> None:
+    now = [0.0]
     kube = FakeKube(fail=True)
-    resolve = OwnerResolver(kube)
+    resolve = OwnerResolver(kube, backoff_s=10, clock=lambda: now[0])
     e = pod_event("train-a-0")
     assert await resolve(e) == e
     kube.fail = False
+    assert (await resolve(pod_event("train-b-0"))).origin.job is None
+    assert kube.calls == 1  # within the backoff: no lookup at all
+    now[0] = 11
     assert (await resolve(e)).origin.job == "train-a"
     assert kube.calls == 2
+
+
+async def test_a_slow_api_server_does_not_hold_the_event() -> None:
+    class Slow(FakeKube):
+        async def find_job(self, node: str, **kw: Any) -> JobRef | None:
+            self.calls += 1
+            await asyncio.sleep(10)
+            raise AssertionError("not reached")
+
+    e = pod_event("train-a-0")
+    started = asyncio.get_running_loop().time()
+    assert await OwnerResolver(Slow(), timeout_s=0.05)(e) == e
+    assert asyncio.get_running_loop().time() - started < 1
 
 
 async def test_a_miss_is_forgotten_after_its_ttl() -> None:
