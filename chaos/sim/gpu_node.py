@@ -116,6 +116,7 @@ class SimGpuNode:
             d.mkdir(parents=True, exist_ok=True)
         self._state: dict[str, Any] = {}
         self._stamp: tuple[int, int] | None = None
+        self._cache_lock = threading.Lock()  # the agent's threads and the simulated cluster read the cache
         self._xid_delivered = 0
         self._xid_wake = threading.Event()
         self._procs = ProcPodView(self.proc_root, running_pods=self.running_pod_uids)
@@ -170,19 +171,20 @@ class SimGpuNode:
         }
 
     def _load_if_changed(self) -> None:
-        try:
-            st = os.stat(self.state_path)
-        except FileNotFoundError:
-            self._state, self._stamp = {}, None
-            return
-        stamp = (st.st_mtime_ns, st.st_ino)
-        if stamp != self._stamp:
-            self._state = json.loads(self.state_path.read_bytes())
-            self._stamp = stamp
+        with self._cache_lock:
+            try:
+                st = os.stat(self.state_path)
+            except FileNotFoundError:
+                self._state, self._stamp = {}, None
+                return
+            stamp = (st.st_mtime_ns, st.st_ino)
+            if stamp != self._stamp:
+                self._state, self._stamp = json.loads(self.state_path.read_bytes()), stamp
 
     def _current(self) -> dict[str, Any]:
         self._load_if_changed()
-        return self._state
+        with self._cache_lock:
+            return self._state
 
     @contextlib.contextmanager
     def _mutate(self) -> Iterator[dict[str, Any]]:
@@ -190,12 +192,13 @@ class SimGpuNode:
         with open(self.lock_path, "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                self._stamp = None
-                self._load_if_changed()
-                state = json.loads(json.dumps(self._state))  # a private copy to change
+                with self._cache_lock:
+                    self._stamp = None
+                state = json.loads(json.dumps(self._current()))  # a private copy to change
                 yield state
                 atomic_write(self.state_path, json.dumps(state, indent=1, sort_keys=True).encode())
-                self._state, self._stamp = state, None
+                with self._cache_lock:
+                    self._state, self._stamp = state, None
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
