@@ -47,6 +47,7 @@ from remediator.settings import Settings
 from remediator.state import StateConflict, StateStore
 from remediator.subjects import (
     STATE_BUCKET,
+    decision_key,
     node_from_token,
     node_key,
     remediation_subject,
@@ -62,10 +63,6 @@ def history_key(spec: HandlerSpec[Any], event: FaultEvent) -> str:
     """KV key of the history a handler decides over: the event's node unless the handler says otherwise."""
     keyfn: Callable[[FaultEvent], str] | None = getattr(spec, "history_key", None)
     return keyfn(event) if keyfn is not None else node_key(event.node)
-
-
-def decision_key(incident_id: str) -> str:
-    return f"decision.{incident_id}"
 
 
 def with_provenance(decision: Decision, event: FaultEvent, key: str) -> Decision:
@@ -240,8 +237,18 @@ class Dispatcher:
             self.stats.dead_lettered += 1
 
     async def _audit_dead_letter(self, msg: Msg, reason: str, subject: str) -> None:
-        node = node_from_token(msg.subject.rsplit(".", 1)[-1])
-        await self._audit.append(node, "dead_letter", reason, after={"subject": msg.subject, "moved_to": subject})
+        """Audit a FAULTS message moved to the dead letters: with the event's provenance and trace when the
+        message is an event at all, else on the node its subject names."""
+        after = {"subject": msg.subject, "moved_to": subject}
+        try:
+            event = FaultEvent.model_validate_json(msg.data)
+        except ValidationError:
+            node = node_from_token(msg.subject.rsplit(".", 1)[-1])
+            await self._audit.append(node, "dead_letter", reason, after=after)
+            return
+        with span("dispatch.dead_letter", msg.headers) as sp:
+            await self._audit.bind(AuditContext.of_event(event, trace_id_of(sp))).append(
+                "dead_letter", reason, after=after)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume FAULTS until ``stop`` is set: the ``dispatch`` subscriber alone, on a faststream broker with

@@ -201,3 +201,35 @@ async def test_a_decision_never_takes_the_pod_name_or_scrape_job_as_its_job(nats
     assert decision.job is None
     assert {r.job async for r in iter_records(js, "gpu-node-7")} == {None}
     await nc.close()
+
+
+async def test_an_event_dead_lettered_is_audited_with_its_provenance(nats_server: EmbeddedNats) -> None:
+    """A handler that can never decide (a permanent error) dead-letters the event; the record says whose."""
+    from handlers.base import HandlerRegistry, HandlerSpec, Verdict
+    from remediator.errors import PermanentError
+
+    def decide(event: FaultEvent, history: object, now: object, policy: object) -> Verdict:
+        raise PermanentError("this handler cannot read the event")
+
+    registry = HandlerRegistry()
+    registry.register(HandlerSpec("broken", frozenset({"xid"}), decide, lambda _e: True, None))
+    settings = Settings(nats_url=nats_server.url, nak_delay_s=0.1)
+    nc, js = await bus.connect(nats_server.url)
+    await bus.provision(js, settings)
+    d = await Dispatcher.create(nc, js, settings, AuditLog(js, "test"), registry=registry)
+    stop = asyncio.Event()
+    runner = asyncio.create_task(d.run(stop))
+    sub = await nc.subscribe("deadletter.>")
+    ev = xid("gpu-node-8", 79, "alertmanager|feedface|firing|t0", origin=Origin(fingerprint="feedface"))
+    await bus.publish_event(js, ev, traceparent=f"00-{TRACE}-00f067aa0ba902b7-01")
+    await sub.next_msg(timeout=10)
+    for _ in range(100):
+        records = [r async for r in iter_records(js, "gpu-node-8")]
+        if records:
+            break
+        await asyncio.sleep(0.05)
+    stop.set()
+    await runner
+    assert [(r.what, r.event_id, r.fingerprint, r.trace_id) for r in records] == [
+        ("dead_letter", ev.id, "feedface", TRACE)]
+    await nc.close()
