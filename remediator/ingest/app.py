@@ -13,14 +13,16 @@ answer                 when
 401                    ``/v1/*`` without a valid bearer token while tokens are configured
 413                    the body is larger than ``max_body_bytes`` (Content-Length or streamed)
 422                    the JSON is not a valid payload; ``field`` names the culprit
-                       (``version``, ``alerts[2].fingerprint``, ``alerts[0].labels.node``)
+                       (``version``, ``alerts[2].fingerprint``, ``alerts[0].labels.node``,
+                       ``events[0].origin.fingerprint``: only ingest sets a fingerprint)
 503 + Retry-After      the bus is down or did not ack in time; Alertmanager retries 5xx only
 =====================  =========================================================================
 
 Order of checks: auth, then size, then parsing; every alert is validated before anything is published, so a
 4xx publishes nothing. Alerts with no GPU signal are accepted and written to the cluster audit chain once
 (``event_ignored``); duplicates (JetStream's ``PubAck.duplicate``) are written to the node's chain
-(``duplicate_ignored``). The ``event_accepted`` record is the dispatcher's, written when it takes the event.
+(``duplicate_ignored``), bound to the event's provenance (``AuditContext.of_event``: fingerprint, job, GPU,
+trace). The ``event_accepted`` record is the dispatcher's, written when it takes the event.
 
 The hot path is one ``model_validate_json`` of the payload (pydantic-core parses and validates in one pass),
 one ``FaultEvent`` per alert and one JetStream publish per event, the publishes of one payload in flight
