@@ -67,13 +67,16 @@ def gpu_untouched(world: World, f: Fault) -> list[str]:
 
 
 def only_that_gpu(world: World, f: Fault) -> list[str]:
-    """Per-GPU remediation: the node stays in service and pods on other GPUs keep running."""
+    """Per-GPU remediation: the node stays in service and pods on GPUs no fault touched keep running."""
     assert f.gpu is not None
     problems = node_in_service(world, f)
+    remediated = {g.gpu for g in world.faults if g.node == f.node and g.playbook is not None and g is not f}
     for pod in world.seeded_pods[f.node]:
         if _restarted_job(world, pod):
             continue  # its job was restarted by another fault of the demo (NCCL): a new pod, by design
         indices = world.gpus_of(pod)
+        if f.gpu not in indices and indices & remediated:
+            continue  # it holds the GPU of another fault on this node, which may evict it
         still_there = any(p["metadata"]["uid"] == pod["metadata"]["uid"] for p in world.training_pods(f.node))
         if f.gpu not in indices and not still_there:
             problems.append(f"pod {pod['metadata']['name']} (GPUs {sorted(indices)}) was evicted too")

@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Literal
 
 from chaos.faults import Fault, Injector, Via
-from chaos.kubelet import pod_rank
+from chaos.kubelet import pod_job, pod_rank
 from chaos.sim.gpu_node import GIB
 from chaos.world import TOKEN, World
 from remediator.contracts import Kind
@@ -71,22 +71,27 @@ class _XidInjector(Injector):
 @dataclass(frozen=True)
 class WebhookXid(_XidInjector):
     """Xid alert(s) as dcgm-exporter + Alertmanager send them; ``times`` repeats the very same notification,
-    ``pods`` sends one alert per pod (different workloads on the same GPU)."""
+    ``jobs`` sends one alert per job, each naming that job's pod on the node the way dcgm-exporter's pod
+    mapping does (``pod``, ``namespace``): different workloads on the same GPU. The alert never names the
+    job; the service finds it from the pod's owner."""
 
     type: ClassVar[str] = "webhook_xid"
     via: ClassVar[Via] = "webhook"
     xid: int
     times: int = 1
-    pods: tuple[str, ...] = ()
+    jobs: tuple[str, ...] = ()
 
     async def __call__(self, world: World, fault: Fault) -> None:
         assert fault.gpu is not None
         starts = datetime.now(UTC).replace(microsecond=0)
         summary = f"Xid {self.xid} on GPU {fault.gpu} of {fault.node}"
-        if self.pods:
-            for i, pod in enumerate(self.pods):
-                alert = _alert(world, fault.node, fault.gpu, {"xid": str(self.xid), "pod": pod,
-                                                              "namespace": "training"},
+        if self.jobs:
+            for i, job in enumerate(self.jobs):
+                pod = next((p for p in world.cluster.pods_on(fault.node) if pod_job(p) == job), None)
+                if pod is None:
+                    raise RuntimeError(f"no pod of job {job} runs on {fault.node}")
+                alert = _alert(world, fault.node, fault.gpu, {"xid": str(self.xid), "pod": pod["metadata"]["name"],
+                                                              "namespace": pod["metadata"]["namespace"]},
                                summary, f"{fault.name}-{i:02d}", starts + timedelta(seconds=i))
                 body = await _post(world, [alert])
                 fault.event_ids += body.get("ids", [])

@@ -94,16 +94,17 @@ class _FaultSpec(_Spec):
 
 
 class WebhookXidSpec(_FaultSpec):
-    """Xid alert(s) POSTed to the Alertmanager webhook (``times`` copies of one notification)."""
+    """Xid alert(s) POSTed to the Alertmanager webhook (``times`` copies of one notification; ``jobs``: one
+    alert per job, naming its pod on the node)."""
 
     type: Literal["webhook_xid"]
     code: int = Field(ge=0)
     gpu: int = Field(ge=0)
     times: int = Field(1, ge=1, le=20)
-    pods: list[str] = Field(default_factory=list, max_length=20)  # one alert per pod (workloads on the GPU)
+    jobs: list[Annotated[str, Field(pattern=NAME_RE)]] = Field(default_factory=list, max_length=20)
 
     def injector(self) -> WebhookXid:
-        return WebhookXid(self.code, times=self.times, pods=tuple(self.pods))
+        return WebhookXid(self.code, times=self.times, jobs=tuple(self.jobs))
 
 
 class AlertReplaySpec(_FaultSpec):

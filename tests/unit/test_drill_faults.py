@@ -24,7 +24,7 @@ from remediator.contracts import KINDS, PLAYBOOK_NAMES
 DEMO_FAULTS = {
     "xid79-gpu-lost": ("webhook", "xid", 79, "gpu-node-2", 1, "gpu-lost"),
     "xid13-single": ("webhook", "xid", 13, "gpu-node-3", 0, None),
-    "xid48-dbe": ("webhook", "xid", 48, "gpu-node-3", 5, "gpu-memory-fatal"),
+    "xid48-dbe": ("webhook", "xid", 48, "gpu-node-3", 7, "gpu-memory-fatal"),  # GPU 7: train-b holds GPU 5
     "xid13-three-jobs": ("webhook", "xid", 13, "gpu-node-3", 6, "app-xid-hardware-suspect"),
     "xid-unknown": ("webhook", "xid", 999, "gpu-node-7", 3, "unknown-xid"),
     "xid119-gsp-hang": ("agent", "xid", 119, "gpu-node-4", 6, "gsp-hang"),
