@@ -3,6 +3,12 @@
 Where it sits: chaos; drills, demos, ``remediator sim`` and benchmarks build a cluster with
 ``seed_cluster``, serve it with ``KubeApiServer`` and point the service (or kubectl) at the kubeconfig it
 writes. Nothing on the service's path imports this package.
+
+The package by role: ``cluster`` (the ``ClusterState`` facade and ``seed_cluster``) over ``store``,
+``apiserver``, ``controllers``/``workloads``, ``scheduler``, ``kubelet`` (pod start-up and the GPU device
+allocation), ``disruption``, ``faults`` and ``seeding``, with ``resources`` their shared vocabulary;
+``kube_api`` (with ``kube_select``, ``kube_patch``, ``kube_tables``) is the HTTP front; ``gpu_node`` is the
+simulated GPU node the node agent runs on.
 """
 
 from chaos.sim.cluster import (

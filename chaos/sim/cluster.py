@@ -85,6 +85,7 @@ from chaos.sim.resources import (
 from chaos.sim.scheduler import Scheduler
 from chaos.sim.seeding import Seeder
 from chaos.sim.store import Store
+from chaos.sim.workloads import workload_manifest
 
 __all__ = [
     "BY_PLURAL",
@@ -567,17 +568,7 @@ class ClusterState:
             if self._store.obj("namespaces", "", namespace) is None:
                 self.create("namespaces", {"metadata": {"name": namespace,
                                                         "labels": {"kubernetes.io/metadata.name": namespace}}})
-        match = dict(labels or {"app": name})
-        container: Obj = {"name": name, "image": image, "resources": {}}
-        if gpus:
-            container["resources"] = {"limits": {GPU_RESOURCE: str(gpus)}, "requests": {GPU_RESOURCE: str(gpus)}}
-        pod_spec: Obj = {"containers": [container]}
-        if node_selector:
-            pod_spec["nodeSelector"] = dict(node_selector)
-        return {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name, "namespace": namespace,
-                                                                    "labels": dict(match)},
-                "spec": {"replicas": replicas, "selector": {"matchLabels": dict(match)},
-                         "template": {"metadata": {"labels": dict(match)}, "spec": pod_spec}}}
+        return workload_manifest(kind, namespace, name, replicas, gpus, labels, node_selector, image)
 
     def events(self, namespace: str | None = None) -> list[Obj]:
         """Kubernetes Events (core v1) created through the API."""

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from chaos.sim.resources import (
     BY_PLURAL,
     CONTROLLER_REVISION_HASH_LABEL,
+    GPU_RESOURCE,
     POD_INDEX_LABEL,
     POD_TEMPLATE_HASH_LABEL,
     STATEFULSET_POD_NAME_LABEL,
@@ -35,6 +36,23 @@ from chaos.sim.store import Store
 
 if TYPE_CHECKING:
     from chaos.sim.controllers import Controllers
+
+
+def workload_manifest(kind: str, namespace: str, name: str, replicas: int, gpus: int,
+                      labels: dict[str, str] | None, node_selector: dict[str, str] | None, image: str) -> Obj:
+    """An apps/v1 Deployment or StatefulSet of ``replicas`` one-container pods requesting ``gpus`` GPUs each;
+    ``labels`` (default ``app: <name>``) are the selector and the pod labels."""
+    match = dict(labels or {"app": name})
+    container: Obj = {"name": name, "image": image, "resources": {}}
+    if gpus:
+        container["resources"] = {"limits": {GPU_RESOURCE: str(gpus)}, "requests": {GPU_RESOURCE: str(gpus)}}
+    pod_spec: Obj = {"containers": [container]}
+    if node_selector:
+        pod_spec["nodeSelector"] = dict(node_selector)
+    return {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name, "namespace": namespace,
+                                                                "labels": dict(match)},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": dict(match)},
+                     "template": {"metadata": {"labels": dict(match)}, "spec": pod_spec}}}
 
 
 class Workloads:
