@@ -56,7 +56,6 @@ from remediator.safety import (
     GateResult,
     GuardVerdict,
     Lease,
-    Ledger,
     LockHeld,
     LockLost,
     NodeLocks,
@@ -69,21 +68,16 @@ from remediator.state import StateStore
 from remediator.step_runner import StepAudit, StepRunner
 from remediator.subjects import (
     CLUSTER_TOKEN,
-    LEDGER_KEY,
     LOCKS_BUCKET,
     STATE_BUCKET,
-    approval_key,
-    attempts_key,
     node_from_token,
     node_key,
-    run_key,
 )
 from remediator.telemetry import span, trace_id_of
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LEDGER_KEY", "Executor", "Ledger", "LockLost", "RunRecord", "RunResult", "StepAction",
-           "approval_key", "attempts_key", "next_step", "run_key"]
+__all__ = ["Executor", "LockLost", "RunResult", "StepAction", "next_step"]
 
 POOL_CACHE_S = 2.0  # how long a pool's node list serves the budget guard
 

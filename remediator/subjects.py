@@ -76,6 +76,12 @@ def job_key(namespace: str, job: str) -> str:
     return f"job.{_JOB_TOKEN_RE.sub('_', namespace.strip() or 'default')}.{_JOB_TOKEN_RE.sub('_', job)}"
 
 
+def pod_key(namespace: str, pod: str) -> str:
+    """KV key of one pod's history when no job is known (its ranks correlated with each other only):
+    ``pod.<namespace>.<pod>``, tokenised as ``job_key`` does."""
+    return f"pod.{_JOB_TOKEN_RE.sub('_', namespace.strip() or 'default')}.{_JOB_TOKEN_RE.sub('_', pod)}"
+
+
 def decision_key(incident: str) -> str:
     """Where dispatch stores a decision before the history that records it: ``decision.<incident>``."""
     return f"decision.{incident}"
