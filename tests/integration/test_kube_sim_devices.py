@@ -214,3 +214,15 @@ async def test_an_agent_that_cannot_tell_the_holders_says_so_and_nobody_is_evict
     with pytest.raises(StepFailed, match="cannot tell which pods hold GPU"):
         await evict_gpu_pods(ctx, {})
     assert {p["metadata"]["uid"] for p in cluster.pods_on(NODE)} == before
+
+
+async def test_status_names_every_gpus_holders(
+        rig: tuple[ClusterState, SimGpuNode, CommandResponder, AsyncKube]) -> None:
+    cluster, _, responder, _ = rig
+    everything = await responder.handle(AgentCommand(id="s-all", verb="status"))
+    assert everything.ok and everything.after["holders_known"] is True
+    by_index = {g["index"]: [(h["name"], h["uid"]) for h in g["holders"]] for g in everything.after["gpus"]}
+    assert by_index == {i: holders(cluster, NODE, i) for i in range(8)}
+    one = await responder.handle(AgentCommand(id="s-5", verb="status", gpu=GpuRef(index=5)))
+    assert [(h["name"], h["uid"]) for h in one.after["holders"]] == holders(cluster, NODE, 5)
+    assert one.after["holders"][0]["container"] == "infer"
