@@ -43,6 +43,7 @@ def mirror_pods(cluster: ClusterState, fleet: SimFleet | Mapping[str, SimGpuNode
     pid = 20_000
     for node in cluster.node_names():
         sim = nodes[node]
+        cluster.attach_gpu_node(node, sim)  # device health and the kubelet's allocation (PodResources view)
         for pod in cluster.pods_on(node):
             meta = pod["metadata"]
             uid = sim.add_pod(meta["name"], namespace=meta["namespace"], uid=meta["uid"], job=pod_job(pod),
