@@ -14,8 +14,9 @@ from remediator import bus
 from remediator.errors import Conflict
 from remediator.kv import LostRace, json_documents
 from remediator.natsd import EmbeddedNats
+from remediator.safety import Lease, LockHeld, NodeLocks
 from remediator.state import StateConflict, StateStore
-from remediator.subjects import STATE_BUCKET
+from remediator.subjects import LOCKS_BUCKET, STATE_BUCKET
 
 from .executor_support import T0, fast_settings
 
@@ -114,3 +115,27 @@ async def test_state_store_keeps_its_api_on_the_helper(kv: KeyValue) -> None:
     await store.close_incident("node.n1", "g")
     assert (await store.get("node.n1"))[0].incidents == ()
     assert issubclass(StateConflict, Conflict)
+
+
+async def test_a_node_lock_taken_over_is_lost_on_renew_and_never_released_by_its_old_holder(
+        nats_server: EmbeddedNats) -> None:
+    nc, js = await bus.connect(nats_server.url)
+    try:
+        await bus.provision(js, fast_settings(nats_server.url))
+        locks = NodeLocks(await js.key_value(LOCKS_BUCKET), lambda: T0)
+        old = await locks.take("gpu-node-1", "a|inc-1|x", "inc-1", wait_s=0, retry_s=5)
+        with pytest.raises(LockHeld) as held:
+            await locks.take("gpu-node-1", "b|inc-2|y", "inc-2", wait_s=0.2, retry_s=5, poll_s=0.1)
+        assert (held.value.holder, held.value.delay) == ("a|inc-1|x", 5)
+        assert await locks.renew(old) and not old.lost.is_set()
+        # The lease expired in the meantime (the TTL) and another replica took the node.
+        await (await js.key_value(LOCKS_BUCKET)).purge("node.gpu-node-1")
+        new = await locks.take("gpu-node-1", "b|inc-2|y", "inc-2", wait_s=0, retry_s=5)
+        assert await locks.renew(old) is False and old.lost.is_set()
+        await locks.release(old)  # a no-op: the lease is b's now
+        got = await locks.try_take("gpu-node-1", "c|inc-3|z", "inc-3")
+        assert got == "b|inc-2|y"
+        await locks.release(new)
+        assert isinstance(await locks.try_take("gpu-node-1", "c|inc-3|z", "inc-3"), Lease)
+    finally:
+        await nc.drain()
