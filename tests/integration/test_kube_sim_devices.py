@@ -78,7 +78,8 @@ def test_the_allocation_is_the_kubelets_and_reaches_the_gpu_node(tmp_path: Path)
 async def test_an_isolated_gpu_is_never_given_to_a_new_pod(tmp_path: Path) -> None:
     cluster = seed_cluster(2)
     cluster.delete("pytorchjobs", "pytorch-0", "training")  # both nodes empty of training pods
-    sim = attached(cluster, tmp_path, "gpu-node-1")
+    attached(cluster, tmp_path, "gpu-node-1")
+    sim = SimGpuNode.attach(tmp_path / "gpu-node-1")  # the agent's own handle, as in another process
     isolated = await sim.isolate_gpu(sim.identity(7))  # what the agent's isolate_gpu does on the node
     assert isolated.ok
     assert cluster.unhealthy_gpus("gpu-node-1") == {7}
