@@ -12,7 +12,8 @@ and the audit trail use the first.
 
 It is the composition root: the one place that turns ``Settings`` into parts. The handler registry is built
 here from the settings' ``handlers`` section (``configured_registry``: every family bound to its policy) and
-handed to the ``Dispatcher``; no part configures itself from a module global.
+handed to the ``Dispatcher``, with the owner resolver (``remediator.owners``) that names each event's job
+from its pod's owner references; no part configures itself from a module global.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from handlers.base import HandlerRegistry
 from playbooks.catalog import PlaybookCatalog
 from remediator import bus, consumers, telemetry
 from remediator.adapters.agent import AgentClient
-from remediator.adapters.kube import KubeAdapter
+from remediator.adapters.kube import AsyncKube
 from remediator.audit import AuditLog
 from remediator.contracts import utcnow
 from remediator.dispatch import Dispatcher
@@ -45,6 +46,7 @@ from remediator.executor import Executor
 from remediator.ingest.app import create_app
 from remediator.metrics import ServiceMetrics
 from remediator.natsd import EmbeddedNats
+from remediator.owners import OwnerResolver
 from remediator.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -82,7 +84,7 @@ class Service:
     registry: HandlerRegistry | None = None
     dispatcher: Dispatcher | None = None
     executor: Executor | None = None
-    kube: KubeAdapter | None = None
+    kube: AsyncKube | None = None
     metrics: ServiceMetrics = field(default_factory=ServiceMetrics)
     broker: NatsBroker | None = None
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -113,9 +115,9 @@ class Service:
         telemetry.setup(otlp_endpoint=s.otlp_endpoint)  # spans recorded; exported only to a configured collector
         self.registry = configured_registry(s)
         self.audit = AuditLog(self.js, actor, clock=self.clock, observers=[self.metrics.observe])
+        self.kube = AsyncKube.from_settings(s)
         self.dispatcher = await Dispatcher.create(self.nc, self.js, s, self.audit, registry=self.registry,
-                                                  clock=self.clock)
-        self.kube = KubeAdapter.from_settings(s)
+                                                  clock=self.clock, origins=OwnerResolver(self.kube))
         self.executor = Executor(self.nc, self.js, s, self.kube, self.audit, PlaybookCatalog.load(),
                                  AgentClient(self.nc), clock=self.clock)
         self.broker = consumers.consumer_broker(self.nats_url, name=f"{actor}-consumers")
@@ -153,6 +155,8 @@ class Service:
             _done, pending = await asyncio.wait(self._tasks, timeout=10)
             for t in pending:
                 t.cancel()
+        if self.kube is not None:  # its worker threads and connection pool
+            self.kube.close()
         if self.nc is not None:
             with contextlib.suppress(Exception):
                 await self.nc.drain()
