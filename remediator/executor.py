@@ -45,7 +45,7 @@ from playbooks.ports import AgentPort, KubePort
 from playbooks.schema import Playbook, StepSpec
 from playbooks.steps import REGISTRY, StepContext, StepRegistry, quarantine_of
 from remediator import consumers, safety
-from remediator.audit import AuditContext, AuditLog, IncidentAudit
+from remediator.audit import AuditContext, AuditLog, IncidentAudit, finished_after
 from remediator.bus import dead_letter_publisher, settle
 from remediator.contracts import Decision, utcnow
 from remediator.errors import PermanentError, TemporaryError
@@ -263,8 +263,9 @@ class Executor:
             returned = any(r.name == "return_to_service" and r.status == "succeeded" and r.after.get("returned")
                            for r in run.records.values())
             await gate.ledger.settle(d, released=returned or outcome in ("cancelled", "dry-run"))
+        steps = [f"{k}:{run.records[k].status}" for k in run.order]
         await audit.append("playbook_finished", f"{pb.name}: {outcome}" + (f" ({detail})" if detail else ""),
-                           after={"outcome": outcome, "steps": [f"{k}:{run.records[k].status}" for k in run.order]})
+                           after=dict(finished_after(pb.name, outcome, steps)))
         await stored.save()
         # NCCL incidents live in their job's history, not the node's (handlers.nccl.history_key).
         history = d.origin.history_key or d.labels.get("history_key") or node_key(d.node)

@@ -23,7 +23,7 @@ from typing import Any
 
 from playbooks.schema import StepSpec
 from playbooks.steps import Skipped, StepContext, StepFailed, StepRegistry, placed_by_us
-from remediator.audit import IncidentAudit
+from remediator.audit import IncidentAudit, step_after
 from remediator.contracts import AuditRecord, AuditWhat, StepRecord
 from remediator.errors import PermanentError
 from remediator.run import RunRecord, StoredRun
@@ -88,7 +88,8 @@ class StepRunner:
                                     after=after, detail=detail[:2000], started_at=started,
                                     finished_at=self.clock()))
             await stored.save()
-            await audit.append(ctx.node, "step_failed", f"{key}: {detail}"[:4000], before=before, after=after)
+            await audit.append(ctx.node, "step_failed", f"{key}: {detail}"[:4000], before=before,
+                               after=step_after(key, after))
             return "failed"
         skipped = isinstance(res, Skipped)
         status = "skipped" if skipped else "succeeded"
@@ -97,7 +98,7 @@ class StepRunner:
                                 after=after, detail=res.detail[:2000], started_at=started, finished_at=self.clock()))
         await stored.save()
         await audit.append(ctx.node, "step_skipped" if skipped else "step_succeeded",
-                           f"{key}: {res.detail}"[:4000], before=res.before, after=after)
+                           f"{key}: {res.detail}"[:4000], before=res.before, after=step_after(key, after))
         return status
 
     async def skip(self, ctx: StepContext, spec: StepSpec, stored: StoredRun, why: str) -> None:
@@ -106,7 +107,7 @@ class StepRunner:
         stored.run.put(spec.key, StepRecord(name=spec.name, status="skipped", params=dict(spec.params), detail=why,
                                             started_at=now, finished_at=now))
         await stored.save()
-        await ctx.audit.append(ctx.node, "step_skipped", f"{spec.key}: {why}", after={"step": spec.key})
+        await ctx.audit.append(ctx.node, "step_skipped", f"{spec.key}: {why}", after=step_after(spec.key))
 
     async def escalate(self, ctx: StepContext, stored: StoredRun, reason: str) -> None:
         """Hand the incident to a person (the ``escalate`` step), once per run."""

@@ -106,6 +106,10 @@ async def test_every_record_of_an_xid79_incident_carries_its_fingerprint_and_tra
         assert [(x.what, x.fingerprint, x.trace_id) for x in records if x.fingerprint != FINGERPRINT
                 or x.trace_id != TRACE_ID] == []
         assert {(x.event_id, x.gpu, x.node) for x in records} == {(d.event_id, "GPU-gpu-node-1-2", "gpu-node-1")}
+        # The typed after-shapes metrics read (remediator.audit): each step record names its step.
+        assert [x.after["step"] for x in records if x.what == "step_succeeded"] == [
+            "taint", "cordon", "drain", "escalate"]
+        assert (records[-1].after["playbook"], records[-1].after["outcome"]) == ("gpu-lost", "escalated")
 
         finished = {s.name: s for s in spans.get_finished_spans()}
         run = finished["executor.run"]
