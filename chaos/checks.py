@@ -15,6 +15,7 @@ from typing import Any
 
 from chaos.faults import Check, Fault, FaultResult
 from chaos.injectors import ORPHAN_PID, NcclRanks
+from chaos.sim import TRAINING_NAMESPACE
 from chaos.world import World
 from remediator.adapters.kube import ESCALATED_ANNOTATION
 
@@ -31,7 +32,7 @@ def node_quarantined(world: World, f: Fault) -> list[str]:
 def node_drained(world: World, f: Fault) -> list[str]:
     seeded = {p["metadata"]["uid"] for p in world.seeded_pods[f.node]}
     left = [p["metadata"]["name"] for p in world.training_pods(f.node) if p["metadata"]["uid"] in seeded]
-    daemons = [p for p in world.cluster.pods_on(f.node) if p["metadata"]["namespace"] != "training"]
+    daemons = [p for p in world.cluster.pods_on(f.node) if p["metadata"]["namespace"] != TRAINING_NAMESPACE]
     problems = node_quarantined(world, f)
     if left:
         problems.append(f"training pods still on {f.node}: {left}")
@@ -156,9 +157,9 @@ def job_restarted(world: World, f: Fault) -> list[str]:
     if job is None:
         return [f"{f.name}: job_restarted needs a fault that names its job (nccl_ranks)"]
     suspect = f.node if isinstance(f.injector, NcclRanks) and f.injector.lagging is not None else None
-    if world.cluster.job_restarts("PyTorchJob", "training", job) < 1:
+    if world.cluster.job_restarts("PyTorchJob", TRAINING_NAMESPACE, job) < 1:
         problems.append(f"PyTorchJob {job} was not restarted")
-    pods = world.cluster.job_pods("PyTorchJob", "training", job)
+    pods = world.cluster.job_pods("PyTorchJob", TRAINING_NAMESPACE, job)
     if not pods or any(p.get("status", {}).get("phase") != "Running" for p in pods):
         problems.append(f"PyTorchJob {job} is not running again: "
                         f"{[(p['metadata']['name'], p.get('status', {}).get('phase')) for p in pods]}")

@@ -21,6 +21,7 @@ from typing import Any
 from chaos.faults import Fault, FaultResult, Progress
 from chaos.follow import match_events, read_records, step_of
 from chaos.schema import AuditExpect, Drill
+from chaos.sim import TRAINING_NAMESPACE
 from chaos.world import World
 from remediator.audit import verify_chains
 from remediator.contracts import AuditRecord
@@ -166,7 +167,7 @@ async def _cluster_verdicts(run: DrillRun) -> list[Verdict]:
     for node in c.drained:
         seeded = {p["metadata"]["uid"] for p in world.seeded_pods[node]}
         left = [p["metadata"]["name"] for p in world.training_pods(node) if p["metadata"]["uid"] in seeded]
-        daemons = [p for p in world.cluster.pods_on(node) if p["metadata"]["namespace"] != "training"]
+        daemons = [p for p in world.cluster.pods_on(node) if p["metadata"]["namespace"] != TRAINING_NAMESPACE]
         problems = ([f"training pods left: {left}"] if left else []) + (
             ["DaemonSet pods were evicted"] if len(daemons) < 2 else [])
         out.append(Verdict(f"cluster: {node} drained (DaemonSet pods stay)", not problems,
@@ -178,8 +179,8 @@ async def _cluster_verdicts(run: DrillRun) -> list[Verdict]:
     if c.restarted_jobs is not None:
         restarted = []
         for kind, plural in (("Job", "jobs"), ("PyTorchJob", "pytorchjobs")):
-            for obj in world.cluster.list_objects(plural, "training"):
-                if world.cluster.job_restarts(kind, "training", obj["metadata"]["name"]) > 0:
+            for obj in world.cluster.list_objects(plural, TRAINING_NAMESPACE):
+                if world.cluster.job_restarts(kind, TRAINING_NAMESPACE, obj["metadata"]["name"]) > 0:
                     restarted.append(f"{kind}/{obj['metadata']['name']}")
         out.append(_exact(f"cluster: exactly {c.restarted_jobs or 'no jobs'} restarted", c.restarted_jobs, restarted))
     if c.breaker is not None:

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Literal
 
 from chaos.faults import Fault, Injector, Via
 from chaos.kubelet import pod_job, pod_rank
+from chaos.sim import TRAINING_NAMESPACE
 from chaos.sim.gpu_node import GIB
 from chaos.world import TOKEN, World
 from remediator.contracts import Kind
@@ -213,7 +214,7 @@ class NcclRanks(Injector):
 
     async def __call__(self, world: World, fault: Fault) -> None:
         ranks = {}
-        for pod in world.cluster.job_pods("PyTorchJob", "training", self.pytorch_job):
+        for pod in world.cluster.job_pods("PyTorchJob", TRAINING_NAMESPACE, self.pytorch_job):
             rank = pod_rank(pod)
             assert rank is not None, f"pod {pod['metadata']['name']} has no RANK"
             ranks[rank] = (pod["spec"]["nodeName"], pod["metadata"]["name"])

@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from chaos.checks import CHECKS
 from chaos.injectors import AgentEcc, AgentOrphan, AgentXid, AlertReplay, NcclRanks, WebhookXid
+from chaos.sim import TRAINING_NAMESPACE
 from remediator.contracts import PLAYBOOK_NAMES, AuditWhat
 from remediator.settings import Settings
 
@@ -259,7 +260,7 @@ class BlockPdbSpec(_Spec):
 
     type: Literal["block_pdb"]
     name: str
-    namespace: str = "training"
+    namespace: str = TRAINING_NAMESPACE
     blocked: bool = True
 
 

@@ -37,7 +37,7 @@ from chaos import replica as replicas
 from chaos.faults import Fault, Progress
 from chaos.kubelet import Kubelet, gpu_indices, mirror_pods, pod_job
 from chaos.replica import Replica, TcpRelay
-from chaos.sim import KubeApiServer, seed_cluster
+from chaos.sim import GPU_RESOURCE, TRAINING_NAMESPACE, KubeApiServer, seed_cluster
 from chaos.sim.cluster import ClusterState, InjectedFault
 from chaos.sim.gpu_node import SimFleet, SimGpuNode
 from remediator import bus
@@ -112,7 +112,7 @@ class World:
         return gpu_indices(self.cluster, pod)
 
     def training_pods(self, node: str) -> list[dict[str, Any]]:
-        return [p for p in self.cluster.pods_on(node) if p["metadata"]["namespace"] == "training"]
+        return [p for p in self.cluster.pods_on(node) if p["metadata"]["namespace"] == TRAINING_NAMESPACE]
 
     def tainted(self, node: str) -> bool:
         return any(t["key"] == self.settings.taint_key for t in self.cluster.taints(node))
@@ -198,7 +198,8 @@ async def environment(progress: Progress, *, nodes: int = 8, pools: int = 1, gpu
             for job in jobs:
                 _add_job(cluster, job)
             names = cluster.node_names()
-            seeded = {n: [p for p in cluster.pods_on(n) if p["metadata"]["namespace"] == "training"] for n in names}
+            seeded = {n: [p for p in cluster.pods_on(n) if p["metadata"]["namespace"] == TRAINING_NAMESPACE]
+                      for n in names}
             kube = KubeApiServer(cluster).start()
             try:
                 kubeconfig = root / "kubeconfig"
@@ -247,14 +248,14 @@ async def environment(progress: Progress, *, nodes: int = 8, pools: int = 1, gpu
 
 
 def _add_job(cluster: ClusterState, job: ExtraJob) -> None:
-    part = {"app.kubernetes.io/part-of": "training"}
-    resources = {"limits": {"nvidia.com/gpu": str(job.gpus)}, "requests": {"nvidia.com/gpu": str(job.gpus)}}
+    part = {"app.kubernetes.io/part-of": TRAINING_NAMESPACE}
+    resources = {"limits": {GPU_RESOURCE: str(job.gpus)}, "requests": {GPU_RESOURCE: str(job.gpus)}}
     cluster.create("jobs", {
         "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": job.name, "labels": part},
         "spec": {"template": {"metadata": {"labels": part}, "spec": {
             "restartPolicy": "Never", "nodeSelector": {"kubernetes.io/hostname": job.node},
             "containers": [{"name": "worker", "image": "nvcr.io/nvidia/pytorch:24.05-py3",
-                            "resources": resources}]}}}}, namespace="training")
+                            "resources": resources}]}}}}, namespace=TRAINING_NAMESPACE)
     placed = [p for p in cluster.pods_on(job.node) if pod_job(p) == job.name]
     if not placed:
         raise ValueError(f"job {job.name}: no room for {job.gpus} GPUs on {job.node}")
