@@ -3,14 +3,15 @@
 Where it sits: dispatch calls ``decide`` for events of kind ``nccl_timeout``, ``nccl_error`` and
 ``job_failure``, and for hardware events (``xid``, ``ecc``, ``gpu_lost``, ``cuda_error``) that belong to a
 job, with the history of the *job*, not of a node: ``history_key(event)`` is ``job.<namespace>.<job>``
-(tokens with ``.`` and anything outside ``[A-Za-z0-9_-]`` turned into ``_``), so the ranks of one job on many
-nodes meet in one history. The job is ``remediator.contracts.resolve_job`` (the pod's owner reference, then
-the Kubeflow, JobSet and batch labels), its namespace ``origin.namespace`` or the ``namespace`` label. An
-NCCL event whose job is unknown is correlated by its pod's own identity instead (``Correlation``:
-``pod.<namespace>.<pod>``, group ``pod:<namespace>/<pod>``), never merged with other pods; one with neither
-keys by its node (``node.<node>``) and correlates with nothing. Decisions are grouped on
-``job:<namespace>/<job>`` (or the pod's group) and carry ``labels["history_key"]``, the KV key whose
-incident the executor must close (``handlers.incidents.close_incident``) when the playbook ends.
+(``remediator.subjects.job_key``: anything outside ``[A-Za-z0-9_-]`` turned into ``_``), so the ranks of
+one job on many nodes meet in one history. The job is ``remediator.contracts.resolve_job`` (the pod's owner
+reference, then the Kubeflow, JobSet and batch labels), its namespace ``origin.namespace`` or the
+``namespace`` label. An NCCL event whose job is unknown is correlated by its pod's own identity instead
+(``Correlation``: ``pod.<namespace>.<pod>``, ``subjects.pod_key``; group ``pod:<namespace>/<pod>``), never
+merged with other pods; one with neither keys by its node (``node.<node>``) and correlates with nothing.
+Decisions are grouped on ``job:<namespace>/<job>`` (or the pod's group) and carry
+``labels["history_key"]``, the KV key whose incident the executor must close
+(``handlers.incidents.close_incident``) when the playbook ends.
 
 Event conventions (labels as the NCCL/PyTorch parsers in ``handlers.signatures`` emit them; all optional):
 ``rank`` (global rank), ``seq`` (the collective's SeqNum), ``op_type`` (``ALLREDUCE``, ...),
@@ -69,6 +70,7 @@ from handlers.incidents import (
     settle,
 )
 from remediator.contracts import Evidence, FaultEvent, resolve_job
+from remediator.subjects import job_key, node_key, pod_key
 
 HANDLER = "nccl"
 NCCL_KINDS = ("nccl_timeout", "nccl_error", "job_failure")
@@ -87,7 +89,6 @@ _HW_CUDA = {214: "uncorrectable ECC error", 220: "uncorrectable NVLink error"}
 _HW_TEXT_RE = re.compile(r"uncorrectable\s+(ECC|NVLink)\s+error|GPU\s+is\s+lost|fallen\s+off\s+the\s+bus",
                          re.IGNORECASE)
 _HANG_RE = re.compile(r"watchdog\s+got\s+stuck|Heartbeat\s+monitor\s+timed\s+out", re.IGNORECASE)
-_TOKEN_RE = re.compile(r"[^A-Za-z0-9_-]")
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ class Correlation:
 
     @property
     def history_key(self) -> str:
-        return f"{self.kind}.{_token(self.namespace)}.{_token(self.name)}"
+        return job_key(self.namespace, self.name) if self.kind == "job" else pod_key(self.namespace, self.name)
 
     @property
     def group(self) -> str:
@@ -161,15 +162,11 @@ def correlation_of(event: FaultEvent) -> Correlation | None:
     return None
 
 
-def _token(text: str) -> str:
-    return _TOKEN_RE.sub("_", text)
-
-
 def history_key(event: FaultEvent) -> str:
     """KV key of the history this handler decides over: ``Correlation.history_key`` (``job.<ns>.<job>`` or
     ``pod.<ns>.<pod>``), else ``node.<node>``."""
     corr = correlation_of(event)
-    return corr.history_key if corr is not None else f"node.{_token(event.node)}"
+    return corr.history_key if corr is not None else node_key(event.node)
 
 
 def matches(event: FaultEvent) -> bool:
