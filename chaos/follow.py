@@ -19,8 +19,9 @@ from remediator.contracts import AuditRecord
 
 
 def step_of(r: AuditRecord) -> str:
-    """The step id of a ``step_*`` record (the executor writes ``"<step>: <what it did>"``)."""
-    return r.why.split(":")[0]
+    """The step id of a ``step_*`` record: its ``after.step``, else the prefix of ``"<step>: <what it did>"``."""
+    step = r.after.get("step")
+    return str(step) if step else r.why.split(":")[0]
 
 
 def _kind_code(r: AuditRecord) -> str:
