@@ -1,1 +1,0 @@
-"""CLI subcommands, one module each; remediator.cli wires them lazily."""
