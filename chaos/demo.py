@@ -1,6 +1,6 @@
 """``remediator demo``: the whole system on one machine, with the standard faults injected and checked.
 
-Where it sits: chaos tooling on top of everything, under ``remediator.commands.demo``. The demo is a drill
+Where it sits: chaos tooling on top of everything, under ``remediator.cli.demo``. The demo is a drill
 file, ``chaos/demo.yaml`` (its faults, its expected outcomes and its demo-only settings), played by the
 drill runner (``chaos.runner``) like any drill: an embedded ``nats-server``, the Kubernetes API simulator
 with 8 GPU nodes, one simulated GPU node and its real agent per Kubernetes node, and the service, then the

@@ -184,7 +184,7 @@ async def _cluster_verdicts(run: DrillRun) -> list[Verdict]:
                     restarted.append(f"{kind}/{obj['metadata']['name']}")
         out.append(_exact(f"cluster: exactly {c.restarted_jobs or 'no jobs'} restarted", c.restarted_jobs, restarted))
     if c.breaker is not None:
-        from remediator.commands.operator import breaker_status  # what `remediator breaker status` shows
+        from remediator.cli.operator import breaker_status  # what `remediator breaker status` shows
 
         status = await breaker_status(world.nats_url)
         state = "open" if status["open"] else "closed"

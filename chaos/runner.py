@@ -1,7 +1,7 @@
 """The drill runner: builds the world a drill file describes, plays its timeline, settles, judges.
 
 Where it sits: on top of the drill harness, under the command line (``remediator drill run``,
-``remediator demo``: ``remediator.commands.drill``/``demo``). ``run_drill`` takes a validated drill
+``remediator demo``: ``remediator.cli.drill``/``demo``). ``run_drill`` takes a validated drill
 (``chaos.catalog``/``chaos.schema``), makes one ``Fault`` per fault of its timeline (its injector from
 ``chaos.injectors``, its checks from ``chaos.checks``), starts the world (``chaos.world.environment``),
 plays the timeline in order — injecting faults and taking chaos actions (``chaos.actions``), waiting for a

@@ -2,7 +2,7 @@
 
 Where it sits: under everything that keeps state in the ``remediator-state`` and ``remediator-locks`` buckets
 (DESIGN.md §4): the handler histories (``remediator.state``), the executor's run records, the safety ledger,
-attempts, approvals (``remediator.safety``, ``remediator.commands.operator``) and the node lock
+attempts, approvals (``remediator.safety``, ``remediator.cli.operator``) and the node lock
 (``remediator.safety.lock``). Keys are built in ``remediator.subjects``; nothing here knows what a document
 means.
 

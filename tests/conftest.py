@@ -1,23 +1,15 @@
-"""Shared fixtures: a real nats-server per test (port 0 style, temporary store), paths to the samples."""
+"""Fixtures for every test: the repository and the shared folder beside it (samples, reference data).
+
+Integration fixtures (a real nats-server, ...) live in ``tests/integration/conftest.py``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from remediator.natsd import EmbeddedNats
-
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
-
-
-@pytest.fixture
-def nats_server() -> Iterator[EmbeddedNats]:
-    """A fresh ``nats-server -js`` on a free port; fails loudly when the binary is missing."""
-    with EmbeddedNats() as server:
-        yield server
 
 
 @pytest.fixture

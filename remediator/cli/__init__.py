@@ -1,7 +1,7 @@
 """The ``remediator`` command line: the composition root.
 
 Where it sits: on top of everything. Each subcommand lives in its own module under
-``remediator.commands`` (or ``chaos``) and is imported only when invoked, so ``serve`` and ``agent`` on a
+``remediator.cli`` (or ``chaos``) and is imported only when invoked, so ``serve`` and ``agent`` on a
 real node never load the chaos package. Conventions (DESIGN.md §10): with ``--json`` standard output is
 exactly one JSON document; progress and tables go to standard error.
 """
@@ -16,18 +16,18 @@ import click
 
 # name -> "module:attribute" of a click command or group
 _COMMANDS: dict[str, str] = {
-    "serve": "remediator.commands.serve:serve",
-    "demo": "remediator.commands.demo:demo",
-    "agent": "remediator.commands.agent:agent",
-    "classify": "remediator.commands.classify:classify",
-    "sim": "remediator.commands.sim:sim",
-    "bus": "remediator.commands.bus:bus",
-    "bench": "remediator.commands.bench:bench",
-    "audit": "remediator.commands.audit:audit",
-    "playbooks": "remediator.commands.playbooks:playbooks",
-    "breaker": "remediator.commands.operator:breaker",
-    "approve": "remediator.commands.operator:approve",
-    "drill": "remediator.commands.drill:drill",
+    "serve": "remediator.cli.serve:serve",
+    "demo": "remediator.cli.demo:demo",
+    "agent": "remediator.cli.agent:agent",
+    "classify": "remediator.cli.classify:classify",
+    "sim": "remediator.cli.sim:sim",
+    "bus": "remediator.cli.bus:bus",
+    "bench": "remediator.cli.bench:bench",
+    "audit": "remediator.cli.audit:audit",
+    "playbooks": "remediator.cli.playbooks:playbooks",
+    "breaker": "remediator.cli.operator:breaker",
+    "approve": "remediator.cli.operator:approve",
+    "drill": "remediator.cli.drill:drill",
 }
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from remediator import bus
 from remediator.audit import AuditContext, AuditLog
-from remediator.commands.audit import format_record, parse_time
+from remediator.cli.audit import format_record, parse_time
 from remediator.contracts import AuditRecord
 from remediator.natsd import EmbeddedNats, free_port
 from remediator.settings import Settings

@@ -239,7 +239,7 @@ def test_bus_init_command_is_idempotent_and_prints_json(nats_server: EmbeddedNat
 
     from click.testing import CliRunner
 
-    from remediator.commands.bus import bus as bus_group
+    from remediator.cli.bus import bus as bus_group
 
     runner = CliRunner()
     first = runner.invoke(bus_group, ["init", "--nats", nats_server.url, "--json"])

@@ -13,6 +13,8 @@ import pytest
 
 from remediator.contracts import PLAYBOOK_NAMES
 
+pytestmark = pytest.mark.drill
+
 FAULT_KEYS = {"name", "kind", "code", "node", "gpu", "playbook", "actions", "outcome", "passed"}
 
 

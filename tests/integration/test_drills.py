@@ -19,7 +19,7 @@ from chaos.runner import run_drill
 DRILLS = [p.stem for p in drill_paths()]
 
 
-@pytest.mark.slow
+@pytest.mark.drill
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("name", DRILLS)
 async def test_the_drill_passes(name: str) -> None:
@@ -49,7 +49,7 @@ def test_drill_list_json_names_every_shipped_drill() -> None:
     assert all(set(d) == {"name", "description"} and len(d["description"]) > 40 for d in listed)
 
 
-@pytest.mark.slow
+@pytest.mark.drill
 @pytest.mark.timeout(90)
 def test_drill_run_json_prints_exactly_the_report() -> None:
     proc = _cli("run", "opt-out-node", "--json")

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from playbooks.catalog import PlaybookCatalog
 from playbooks.schema import Playbook
 from remediator.bus import TemporaryError
-from remediator.commands.operator import approve, breaker
+from remediator.cli.operator import approve, breaker
 from remediator.natsd import EmbeddedNats
 
 from .executor_support import decision, rig

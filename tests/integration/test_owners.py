@@ -20,7 +20,7 @@ from remediator.dispatch import Dispatcher
 from remediator.natsd import EmbeddedNats
 from remediator.owners import OwnerResolver
 from remediator.settings import Settings
-from tests.unit.handler_helpers import ev
+from tests.unit.handlers.helpers import ev
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,7 +12,7 @@ import pytest
 
 from remediator.adapters.nvml import NvmlBackend
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 STUB_SOURCE = REPO / "chaos" / "native" / "nvml_stub.c"
 UUID0 = "GPU-509665ad-1111-2222-3333-444444444444"
 

@@ -28,7 +28,7 @@ from click.testing import CliRunner
 from handlers.catalog import CATALOG
 from handlers.signatures import classify_line
 from remediator.cli import main
-from remediator.commands.classify import classify_text
+from remediator.cli.classify import classify_text
 from remediator.contracts import normalize_pci_bus_id
 
 

@@ -28,8 +28,8 @@ from click.testing import CliRunner
 
 from handlers.signatures import classify_line
 from remediator.cli import main
-from remediator.commands.classify import classify_text
-from tests.unit.test_classify_realworld import KP, NONE, Expect, K, X, _check, _family, _row
+from remediator.cli.classify import classify_text
+from tests.unit.handlers.test_classify_realworld import KP, NONE, Expect, K, X, _check, _family, _row
 
 OGKM = "https://github.com/NVIDIA/open-gpu-kernel-modules/issues/"
 GPUD = "https://github.com/leptonai/gpud/pull/"
@@ -545,7 +545,7 @@ def test_all_lines_through_the_cli_in_one_file(tmp_path: Path) -> None:
 
 
 def test_the_tables_are_new_material_and_big_enough() -> None:
-    from tests.unit.test_classify_realworld import CASES as FIRST_PASS
+    from tests.unit.handlers.test_classify_realworld import CASES as FIRST_PASS
 
     first = {line for line, _, _ in FIRST_PASS}
     lines = [line for line, _, _ in CASES + WRAPPED]

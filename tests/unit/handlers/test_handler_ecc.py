@@ -15,7 +15,7 @@ from handlers.ecc import EccPolicy, canonical_code, evaluate
 from handlers.incidents import gpu_group
 from handlers.xid import XidPolicy
 from handlers.xid import evaluate as xid_evaluate
-from tests.unit.handler_helpers import GPU_A, GPU_B, JOB, T0, at, decisions, ev, run
+from tests.unit.handlers.helpers import GPU_A, GPU_B, JOB, T0, at, decisions, ev, run
 
 POLICY = EccPolicy()
 

@@ -14,7 +14,7 @@ from handlers.incidents import gpu_group
 from handlers.memleak import GIB, MIB, MemleakPolicy, evaluate
 from handlers.xid import XidPolicy
 from handlers.xid import evaluate as xid_evaluate
-from tests.unit.handler_helpers import GPU_A, JOB, T0, at, decisions, ev, run
+from tests.unit.handlers.helpers import GPU_A, JOB, T0, at, decisions, ev, run
 
 POLICY = MemleakPolicy()
 

@@ -13,7 +13,7 @@ from handlers.base import History
 from handlers.incidents import job_group
 from handlers.nccl import NcclPolicy, correlation_of, evaluate, history_key, matches
 from remediator.contracts import Origin
-from tests.unit.handler_helpers import GPU_A, GPU_B, GPU_C, JOB, T0, at, decisions, ev, run
+from tests.unit.handlers.helpers import GPU_A, GPU_B, GPU_C, JOB, T0, at, decisions, ev, run
 
 POLICY = NcclPolicy()
 GROUP = job_group("ml", "llm")

@@ -12,7 +12,7 @@ import handlers
 from handlers import HandlerPolicies, build_registry, default_registry, ecc, memleak, nccl, xid
 from handlers.base import HandlerDefinition, History
 from remediator.settings import Settings
-from tests.unit.handler_helpers import GPU_A, at, ev
+from tests.unit.handlers.helpers import GPU_A, at, ev
 
 GIB = 1 << 30
 

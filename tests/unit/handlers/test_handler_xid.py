@@ -14,7 +14,7 @@ from handlers.base import History, Incident
 from handlers.incidents import close_incident, gpu_group, node_group
 from handlers.xid import XidPolicy, evaluate
 from remediator.contracts import Origin
-from tests.unit.handler_helpers import GPU_A, GPU_B, GPU_C, JOB, T0, at, decisions, ev, run
+from tests.unit.handlers.helpers import GPU_A, GPU_B, GPU_C, JOB, T0, at, decisions, ev, run
 
 POLICY = XidPolicy()
 

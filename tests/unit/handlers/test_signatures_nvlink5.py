@@ -12,7 +12,7 @@ from handlers.signatures.nvlink5 import decode_nvlink5, decode_table
 
 
 def test_the_table_is_the_reference_copy(shared_dir: Path) -> None:
-    ours = Path(__file__).resolve().parents[2] / "handlers" / "data" / "xid_144_150_decode.csv"
+    ours = Path(__file__).resolve().parents[3] / "handlers" / "data" / "xid_144_150_decode.csv"
     assert ours.read_bytes() == (shared_dir / "reference" / "xid-144-150-decode.csv").read_bytes()
     rows = decode_table()
     assert len(rows) == 95

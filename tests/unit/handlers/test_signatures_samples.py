@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from handlers.signatures import Signal, classify_line
-from remediator.commands.classify import classify_text
+from remediator.cli.classify import classify_text
 from remediator.contracts import normalize_pci_bus_id
 
 

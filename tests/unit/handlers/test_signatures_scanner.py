@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from chaos.bench.classify import run
 from handlers.signatures import (
     ANCHORS,
     PREFILTER,
@@ -26,8 +27,7 @@ from handlers.signatures import (
     signal_from_alert,
     unwrap_line,
 )
-from chaos.bench.classify import run
-from remediator.commands.classify import classify_text
+from remediator.cli.classify import classify_text
 from remediator.contracts import KINDS, PLAYBOOK_NAMES, normalize_pci_bus_id
 
 SIGNAL_LINES = [

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from playbooks.catalog import PLAYBOOK_DIR, PlaybookCatalog, PlaybookError, load_file
 from playbooks.schema import Playbook
 from playbooks.steps import REGISTRY, StepContext, StepRegistry, quarantine_of, step
-from remediator.commands.playbooks import playbooks as playbooks_cli
+from remediator.cli.playbooks import playbooks as playbooks_cli
 from remediator.contracts import PLAYBOOK_NAMES, Change, StepRecord
 from remediator.executor import next_step
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from remediator.cli import main
-from remediator.commands.classify import ROW_KEYS
+from remediator.cli.classify import ROW_KEYS
 
 KEYS = {"line", "kind", "xid", "pci_bus_id", "gpu_index", "action", "playbook"}
 UUID = "GPU-265c9814-6156-355b-e589-ff2064894f16"

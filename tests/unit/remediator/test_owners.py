@@ -12,7 +12,7 @@ from handlers import default_registry
 from handlers.base import History
 from remediator.contracts import JobRef, Origin, resolve_job
 from remediator.owners import OwnerResolver
-from tests.unit.handler_helpers import at, ev
+from tests.unit.handlers.helpers import at, ev
 
 PODS = {
     ("node-1", "ml", "train-a-0"): JobRef("PyTorchJob", "train-a", "ml", "kubeflow.org/v1"),
