@@ -24,7 +24,8 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from remediator.agent.host import (
+from remediator.contracts import normalize_pci_bus_id
+from remediator.gpu import (
     EccCounts,
     GpuIdentity,
     GpuProcess,
@@ -32,7 +33,6 @@ from remediator.agent.host import (
     RemappedRows,
     XidNotice,
 )
-from remediator.contracts import normalize_pci_bus_id
 
 log = logging.getLogger(__name__)
 
