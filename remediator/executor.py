@@ -16,7 +16,10 @@ carries the incident, node, GPU, event id, job, alert fingerprint and trace id. 
    after it runs: a replica killed mid-step is resumed (after the lock TTL and the message's redelivery) by
    whichever replica gets the message next, which re-runs only the step that was running (steps are
    idempotent) and never one that completed; a person's override (our taint or cordon removed) stops it;
-4. **finish**: the reservation settled, ``playbook_finished`` audited, the incident closed in its history.
+4. **finish** (every outcome: completed, escalated, rolled back, cancelled by a person, blocked, dead-lettered):
+   the budget reservation released, a target left out of service recorded as handed over in the ledger
+   (for ``remediator.reconciler``), ``playbook_finished`` audited with the state the node was left in, the
+   incident closed in its history. A dead-lettered decision is escalated first (``abandon``).
 
 Outcomes map to the message: a finished run (whatever its outcome) acks; waiting for a lock or an approval,
 a temporary Kubernetes or agent failure, a lost compare-and-set nak with a delay (the run record keeps the
@@ -34,6 +37,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
+import httpx
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
@@ -49,7 +53,16 @@ from remediator.audit import AuditContext, AuditLog, IncidentAudit, finished_aft
 from remediator.bus import dead_letter_publisher, settle
 from remediator.contracts import Decision, utcnow
 from remediator.errors import PermanentError, TemporaryError
-from remediator.run import RunLog, RunRecord, RunResult, StepAction, StoredRun, next_step
+from remediator.run import (
+    RunLog,
+    RunRecord,
+    RunResult,
+    StepAction,
+    StoredRun,
+    handover_of,
+    left_by_run,
+    next_step,
+)
 from remediator.safety import (
     Facts,
     Gate,
@@ -254,24 +267,55 @@ class Executor:
             outcome = "escalated"  # handed over to a person (gpu-lost, unknown-xid, the replace rung)
         return await self._finish(d, pb, stored, outcome, detail, audit)
 
-    async def _finish(self, d: Decision, pb: Playbook, stored: StoredRun, outcome: str, detail: str,
+    async def _finish(self, d: Decision, pb: Playbook | None, stored: StoredRun, outcome: str, detail: str,
                       audit: IncidentAudit) -> RunResult:
+        """End the run, whatever its outcome: the reservation released, the target handed over in the ledger
+        when the run left something of ours out of service (the reconciler settles it once the cluster shows
+        it repaired or gone), ``playbook_finished`` audited with the state the node was left in (``left``),
+        and the incident closed in its history (a later fault opens a new incident, which the guards judge)."""
         _, gate, _ = await self._kv()
         run = stored.run
         run.status, run.outcome, run.detail = "finished", outcome, detail
-        if run.reserved:
-            returned = any(r.name == "return_to_service" and r.status == "succeeded" and r.after.get("returned")
-                           for r in run.records.values())
-            await gate.ledger.settle(d, released=returned or outcome in ("cancelled", "dry-run"))
+        left = await self._left(d, run)
+        handover = handover_of(d, outcome, left, self.clock()) if left.get("out_of_service") else None
+        await gate.ledger.finish(d, handover)
         steps = [f"{k}:{run.records[k].status}" for k in run.order]
-        await audit.append("playbook_finished", f"{pb.name}: {outcome}" + (f" ({detail})" if detail else ""),
-                           after=dict(finished_after(pb.name, outcome, steps)))
+        name = pb.name if pb is not None else d.playbook
+        after = {**finished_after(name, outcome, steps), "left": left,
+                 "reservation": "released" if run.reserved else "none",
+                 "incident": "handed-over" if handover is not None else "closed"}
+        await audit.append("playbook_finished", f"{name}: {outcome}" + (f" ({detail})" if detail else ""),
+                           after=after)
         await stored.save()
         # NCCL incidents live in their job's history, not the node's (handlers.nccl.history_key).
         history = d.origin.history_key or d.labels.get("history_key") or node_key(d.node)
         assert self._state_kv is not None
         await StateStore(self._state_kv).close_incident(history, d.group)
         return run.result()
+
+    async def _left(self, d: Decision, run: RunRecord) -> dict[str, Any]:
+        """The state the run leaves its target in: what of ours the step records say is still in place
+        (taint, cordon, GPU isolation not undone), and the node as Kubernetes shows it when it answers."""
+        ours = left_by_run(run)
+        state: dict[str, Any] = {"ours": ours, "gpu": d.gpu.key if d.gpu else None}
+        try:
+            node = await self.kube.find_node(d.node)
+        except Exception as e:  # Kubernetes unavailable (often why a run is dead-lettered): the records say it
+            state["node"] = "unknown"
+            state["error"] = str(e)[:200]
+            state["out_of_service"] = bool(ours)
+            return state
+        if node is None:
+            state["node"] = "deleted"
+            state["out_of_service"] = False
+            return state
+        tainted = any(t.get("key") == self.settings.taint_key for t in node.get("taints") or [])
+        isolated = max(0, int(node.get("gpus") or 0) - int(node.get("gpus_allocatable") or 0))
+        state.update(node="present", pool=node.get("pool"), ready=bool(node.get("ready")), tainted=tainted,
+                     cordoned=bool(node.get("unschedulable")), gpus_unallocatable=isolated)
+        state["out_of_service"] = bool(ours) and (tainted or bool(node.get("unschedulable"))
+                                                  or "isolate_gpu" in ours)
+        return state
 
     # --- guards -----------------------------------------------------------------------------------
 
@@ -357,7 +401,57 @@ class Executor:
             node = node_from_token(msg.subject.rsplit(".", 1)[-1])
             await self.audit.append(node, "dead_letter", reason, after=after)
             return
-        await self.audit.bind(AuditContext.of_decision(decision)).append("dead_letter", reason, after=after)
+        audit = self.audit.bind(AuditContext.of_decision(decision))
+        await audit.append("dead_letter", reason, after=after)
+        await self.abandon(decision, f"dead-lettered: {reason}", audit)
+
+    async def abandon(self, d: Decision, reason: str, audit: IncidentAudit | None = None) -> RunResult | None:
+        """End a run that will never be retried (its message was dead-lettered) like any failed run: escalate
+        it to a person (annotation, Kubernetes Event, audit record, webhook) and finish it as
+        ``dead-lettered`` (reservation released, target handed over, incident closed). Idempotent: a run
+        already finished is left alone. When Kubernetes cannot be reached for the escalation, the
+        ``escalated`` record and the webhook still go out."""
+        audit = audit or self.audit.bind(AuditContext.of_decision(d))
+        _, _, runs = await self._kv()
+        run, rev = await runs.get(d.incident_id)
+        if run is not None and run.finished:
+            return None
+        pb = self.playbooks.get(d.playbook) if d.playbook in self.playbooks else None
+        stored = StoredRun(runs, run or RunRecord(d.incident_id, d.node, d.playbook, self.actor), rev)
+        if pb is not None:
+            try:
+                await self._runner.escalate(self._context(d, pb, audit), stored, reason)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("escalating dead-lettered %s through Kubernetes failed: %s", d.incident_id, e)
+                await self._escalate_without_kube(d, reason, audit, e)
+        else:
+            await self._escalate_without_kube(d, reason, audit, None)
+        return await self._finish(d, pb, stored, "dead-lettered", reason, audit)
+
+    async def _escalate_without_kube(self, d: Decision, reason: str, audit: IncidentAudit,
+                                     error: BaseException | None) -> None:
+        """The hand-over when the ``escalate`` step cannot run: the audit record and the webhook."""
+        after: dict[str, Any] = {"action": "look at the node: its remediation was dead-lettered",
+                                 "severity": "critical", "annotation": False}
+        if error is not None:
+            after["error"] = str(error)[:500]
+        url = self.settings.escalation_webhook_url
+        if url:
+            body = {"node": d.node, "gpu": d.gpu.model_dump() if d.gpu else None, "incident": d.incident_id,
+                    "playbook": d.playbook, "action": after["action"], "severity": "critical", "reason": reason}
+            try:
+                if self._http is not None:
+                    await self._http(url, body)
+                else:
+                    async with httpx.AsyncClient(timeout=10.0) as client:
+                        (await client.post(url, json=body)).raise_for_status()
+                after["webhook"] = True
+            except Exception as e:
+                after["webhook"] = False
+                log.warning("escalation webhook for %s failed: %s", d.incident_id, e)
+        await audit.append("escalated", f"{after['action']}: {reason}", after=after)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume REMEDIATIONS until ``stop`` is set, at most ``executor_concurrency`` decisions at once: the

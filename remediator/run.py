@@ -11,17 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from nats.js.kv import KeyValue
 
 from playbooks.schema import REPAIR_RUNGS, Playbook, StepSpec
-from remediator.contracts import StepRecord
+from remediator.contracts import Decision, StepRecord
 from remediator.kv import Documents
 from remediator.safety import GuardVerdict
 from remediator.subjects import run_key
 
-__all__ = ["Next", "RunLog", "RunRecord", "RunResult", "StepAction", "StoredRun", "next_step"]
+__all__ = ["Next", "RunLog", "RunRecord", "RunResult", "StepAction", "StoredRun", "handover_of", "left_by_run",
+           "next_step"]
 
 
 @dataclass(frozen=True)
@@ -185,3 +187,37 @@ def next_step(pb: Playbook, records: Mapping[str, StepRecord]) -> Next:
     if repair and healed_by is None and all(r in failed_rungs for r in repair):
         return Next(None, stop="escalate")
     return Next(None)
+
+
+# --- what a run leaves behind -----------------------------------------------------------------------
+
+_PLACES = ("taint", "cordon", "isolate_gpu")
+_UNDOES = {"untaint": "taint", "uncordon": "cordon", "release_gpu": "isolate_gpu"}
+
+
+def left_by_run(run: RunRecord) -> list[str]:
+    """What of ours the run leaves in place, from its step records in order: a ``taint``, ``cordon`` or
+    ``isolate_gpu`` that changed the node, less what a later ``return_to_service`` (that returned) or a
+    rollback's undo step took back."""
+    left: list[str] = []
+    for key in run.order:
+        rec = run.records[key]
+        if rec.status != "succeeded":
+            continue
+        if rec.name in _PLACES and rec.after.get("changed_by_us") and rec.name not in left:
+            left.append(rec.name)
+        elif rec.name in _UNDOES and _UNDOES[rec.name] in left:
+            left.remove(_UNDOES[rec.name])
+        elif rec.name == "return_to_service" and rec.after.get("returned"):
+            left.clear()
+    return left
+
+
+def handover_of(d: Decision, outcome: str, left: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+    """The ledger's handover entry for a run that ended (``outcome``) leaving its target out of service:
+    ``kind`` is ``node`` when our taint or cordon stays, else ``gpu`` (an isolation stays)."""
+    ours = list(left.get("ours") or [])
+    kind = "node" if ("taint" in ours or "cordon" in ours) else "gpu"
+    return {"incident": d.incident_id, "node": d.node, "gpu": d.gpu.key if d.gpu else None,
+            "pool": left.get("pool") or "default", "kind": kind, "outcome": outcome, "left": ours,
+            "at": now.isoformat()}

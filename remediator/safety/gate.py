@@ -76,20 +76,35 @@ class GateResult:
 
 
 def pool_usage(facts: Facts, ledger: Ledger) -> PoolUsage | None:
-    """The node's pool as the budget guard sees it: out of service by Kubernetes or reserved in the ledger."""
+    """The node's pool as the budget guard sees it: nodes out (cordoned or carrying our taint, as Kubernetes
+    shows them, or reserved by a running node playbook) and GPUs isolated on their own (on each node in
+    service, the GPUs missing from ``allocatable`` or reserved by running GPU playbooks, whichever is more)."""
     if facts.pool_nodes is None:
         return None
     pool = str(facts.node.get("pool") or "default")
     gpus_of = {str(n["name"]): int(n.get("gpus") or 0) for n in facts.pool_nodes}
     out = {str(n["name"]) for n in facts.pool_nodes
            if n.get("unschedulable") or any(t.get("key") == facts.taint_key for t in n.get("taints") or [])}
-    reserved = {str(r["node"]) for r in ledger.reservations.values()
-                if r.get("pool") == pool and r.get("kind") == "node"}
+    running = [r for r in ledger.reservations.values() if r.get("pool") == pool]
+    reserved = {str(r["node"]) for r in running if r.get("kind") == "node"}
     nodes_out = out | reserved
-    gpu_only = sum(1 for r in ledger.reservations.values()
-                   if r.get("pool") == pool and r.get("kind") == "gpu" and r["node"] not in nodes_out)
+    reserved_gpus: dict[str, int] = {}
+    for r in running:
+        if r.get("kind") == "gpu":
+            reserved_gpus[str(r["node"])] = reserved_gpus.get(str(r["node"]), 0) + 1
+    isolated = 0
+    for n in facts.pool_nodes:
+        name = str(n["name"])
+        if name in nodes_out:
+            continue
+        gpus = int(n.get("gpus") or 0)
+        allocatable = n.get("gpus_allocatable")
+        missing = max(0, gpus - int(allocatable)) if allocatable is not None else 0
+        isolated += max(missing, reserved_gpus.get(name, 0))
+    isolated += sum(c for name, c in reserved_gpus.items() if name not in gpus_of and name not in nodes_out)
     return PoolUsage(pool, len(facts.pool_nodes), sum(gpus_of.values()), frozenset(nodes_out),
-                     sum(gpus_of.get(n, 0) for n in nodes_out) + gpu_only, int(facts.node.get("gpus") or 0))
+                     sum(gpus_of.get(n, 0) for n in nodes_out) + isolated, int(facts.node.get("gpus") or 0),
+                     isolated)
 
 
 def decide(d: Decision, policy: SafetyPolicy, facts: Facts, ledger: Ledger,

@@ -16,7 +16,8 @@ the order they are evaluated, and evaluation stops at the first that does not al
                  escalate to a person instead of trying again.
 4. ``lock``      another run holds the node lock (``snapshot.lock_holder`` is not ``snapshot.me``): retry
                  later. The executor evaluates it on its own, and audits it, when the lock is refused.
-5. ``budget``    the pool would have too many GPU nodes or GPUs out of service: escalate instead.
+5. ``budget``    the pool would have too many whole GPU nodes out, or too many GPUs isolated on their own:
+                 escalate instead (two budgets; the first node of a pool always passes).
 6. ``breaker``   open, or this quarantine completes a burst that trips it: block until a person resets it.
 7. ``approval``  a step is marked ``requires_approval`` and nobody approved the incident yet: wait.
 """
@@ -60,7 +61,8 @@ class PoolUsage:
     """Capacity of one node pool and what is out of service in it (GPU nodes only).
 
     ``nodes_out``: nodes cordoned or carrying our taint (anyone's doing) plus nodes reserved by running
-    playbooks. ``gpus_out``: GPUs of those nodes plus GPUs isolated on their own.
+    playbooks. ``gpus_out``: GPUs of those nodes plus GPUs isolated on their own (``gpus_isolated``: on
+    nodes in service, the GPUs missing from ``allocatable`` or reserved by running GPU playbooks).
     """
 
     pool: str
@@ -69,6 +71,15 @@ class PoolUsage:
     nodes_out: frozenset[str] = frozenset()
     gpus_out: int = 0
     node_gpus: int = 0  # GPUs of the decision's node
+    gpus_isolated: int | None = None  # GPUs out on their own, on nodes not in nodes_out
+
+    @property
+    def isolated(self) -> int:
+        """GPUs isolated on their own (``gpus_isolated``; when not given, ``gpus_out`` less ``node_gpus`` per
+        node out, i.e. a pool of equal nodes)."""
+        if self.gpus_isolated is not None:
+            return self.gpus_isolated
+        return max(0, self.gpus_out - self.node_gpus * len(self.nodes_out))
 
 
 @dataclass(frozen=True)
@@ -183,8 +194,12 @@ def lock(decision: Decision, snap: SafetySnapshot, now: datetime) -> GuardVerdic
 
 
 def budget(decision: Decision, snap: SafetySnapshot, now: datetime) -> GuardVerdict:
-    """Blast radius: the pool keeps at most ``node_limit``/``gpu_limit`` GPU nodes/GPUs out of service
-    (max fraction and max count, whichever is smaller), and always allows one node out per pool."""
+    """Blast radius, counted in two separate budgets per pool (ARCHITECTURE.md, "Lifecycle, budgets and the
+    reconciler"): whole nodes out of service against ``node_limit``, and GPUs isolated on their own (on
+    nodes still in service) against ``gpu_limit``; each limit is the smaller of a fraction and a count, and
+    never below one. A node quarantine is judged by the node budget only, so isolated GPUs never block
+    quarantining a dead node, and the first node out of a pool is always allowed; a GPU quarantine by the
+    GPU budget only, and a GPU of a node already out costs nothing."""
     if snap.quarantine is None:
         return GuardVerdict("budget", True, "the playbook takes no capacity out")
     pool = snap.pool
@@ -194,21 +209,21 @@ def budget(decision: Decision, snap: SafetySnapshot, now: datetime) -> GuardVerd
     node_limit, gpu_limit = p.node_limit(pool.nodes_total), p.gpu_limit(pool.gpus_total)
     if decision.node in pool.nodes_out:
         return GuardVerdict("budget", True, f"{decision.node} is already out of service in pool {pool.pool}")
-    if not pool.nodes_out and pool.gpus_out == 0:
-        return GuardVerdict("budget", True, f"first node out in pool {pool.pool} (always allowed)")
+    isolated = pool.isolated
     if snap.quarantine == "node":
-        nodes_after = len(pool.nodes_out) + 1
-        gpus_after = pool.gpus_out + pool.node_gpus
-        if nodes_after > node_limit:
+        if not pool.nodes_out:
+            return GuardVerdict("budget", True, f"first node out in pool {pool.pool} (always allowed; "
+                                f"{isolated} GPUs isolated on their own do not count against nodes)")
+        if len(pool.nodes_out) + 1 > node_limit:
             return GuardVerdict("budget", False, f"pool {pool.pool}: {len(pool.nodes_out)} of {pool.nodes_total} "
                                 f"GPU nodes out; one more exceeds the limit {node_limit}", "escalate")
-    else:
-        gpus_after = pool.gpus_out + 1
-    if gpus_after > gpu_limit:
-        return GuardVerdict("budget", False, f"pool {pool.pool}: {pool.gpus_out} of {pool.gpus_total} GPUs out; "
-                            f"{gpus_after} exceeds the limit {gpu_limit}", "escalate")
-    return GuardVerdict("budget", True, f"pool {pool.pool}: {len(pool.nodes_out)}/{node_limit} nodes, "
-                        f"{pool.gpus_out}/{gpu_limit} GPUs out before this one")
+        return GuardVerdict("budget", True, f"pool {pool.pool}: {len(pool.nodes_out)}/{node_limit} nodes out "
+                            "before this one")
+    if isolated + 1 > gpu_limit:
+        return GuardVerdict("budget", False, f"pool {pool.pool}: {isolated} of {pool.gpus_total} GPUs isolated "
+                            f"on their own; one more exceeds the limit {gpu_limit}", "escalate")
+    return GuardVerdict("budget", True, f"pool {pool.pool}: {isolated}/{gpu_limit} GPUs isolated on their own, "
+                        f"{len(pool.nodes_out)} nodes out, before this one")
 
 
 def breaker(decision: Decision, snap: SafetySnapshot, now: datetime) -> GuardVerdict:

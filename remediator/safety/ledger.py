@@ -3,8 +3,11 @@
 Where it sits: in ``remediator.safety``, one document ``safety.ledger`` in ``remediator-state``. ``safety.gate``
 reads it into the guard snapshot (reserved nodes count as out of service; the breaker's recent quarantines)
 and commits what a verdict implies (a reservation and a quarantine count, or a trip) by compare-and-set,
-re-evaluating the guards when another replica changed it first. The executor settles a reservation when its
-run ends; ``remediator breaker reset`` closes the breaker. Every write goes through ``remediator.kv``.
+re-evaluating the guards when another replica changed it first. The executor releases a run's reservation
+when the run ends, however it ends (``finish``), and records a target it left out of service as handed over;
+``remediator.reconciler`` settles handovers and stray reservations against the cluster; ``remediator budget
+release`` drops one by hand; ``remediator breaker reset`` closes the breaker. Every write goes through
+``remediator.kv``; every removal is idempotent (removing what is gone changes nothing).
 """
 
 from __future__ import annotations
@@ -66,21 +69,28 @@ def reservation_key(decision: Decision) -> str:
 
 @dataclass(frozen=True)
 class Ledger:
-    """The breaker and the reservations of running (or finished, still out of service) playbooks.
+    """The breaker, the reservations of running playbooks, and the targets handed over to a person.
 
     ``reservations``: reservation key -> ``{"incident", "node", "pool", "kind": "node"|"gpu", "finished",
-    "at"}``.
+    "at"}``: held from the guards until the run ends, however it ends (``finished``). ``handovers``: the same
+    key -> ``{"incident", "node", "gpu", "pool", "kind", "outcome", "left", "at"}`` for runs that ended
+    leaving their target out of service (escalated, dead-lettered): not counted by the budget (what is out
+    is counted from the cluster), but the reconciler's work list, settled when the cluster shows the target
+    repaired or gone.
     """
 
     breaker: BreakerState = field(default_factory=BreakerState)
     reservations: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    handovers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"breaker": self.breaker.to_json(), "reservations": {k: dict(v) for k, v in self.reservations.items()}}
+        return {"breaker": self.breaker.to_json(), "reservations": {k: dict(v) for k, v in self.reservations.items()},
+                "handovers": {k: dict(v) for k, v in self.handovers.items()}}
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> Ledger:
-        return Ledger(BreakerState.from_json(d.get("breaker", {})), dict(d.get("reservations", {})))
+        return Ledger(BreakerState.from_json(d.get("breaker", {})), dict(d.get("reservations", {})),
+                      dict(d.get("handovers", {})))
 
     def holds(self, decision: Decision) -> bool:
         """Whether the decision's incident holds the reservation of its target."""
@@ -107,6 +117,34 @@ class Ledger:
             res[key] = {**res[key], "finished": True}
         return replace(self, reservations=res)
 
+    def finished(self, decision: Decision, handover: Mapping[str, Any] | None) -> Ledger:
+        """At the end of ``decision``'s run, whatever its outcome: its reservation released, and its target
+        recorded as handed over (``handover``) or, when nothing of ours is left out, no longer handed over."""
+        key = reservation_key(decision)
+        res = dict(self.reservations)
+        if self.holds(decision):
+            del res[key]
+        hand = dict(self.handovers)
+        if handover is not None:
+            hand[key] = dict(handover)
+        elif (hand.get(key) or {}).get("incident") == decision.incident_id:
+            del hand[key]
+        return replace(self, reservations=res, handovers=hand)
+
+    def without_reservation(self, key: str, incident: str | None = None) -> Ledger:
+        """This ledger without the reservation ``key`` (only if it is ``incident``'s, when given)."""
+        cur = self.reservations.get(key)
+        if cur is None or (incident is not None and cur.get("incident") != incident):
+            return self
+        return replace(self, reservations={k: v for k, v in self.reservations.items() if k != key})
+
+    def without_handover(self, key: str, incident: str | None = None) -> Ledger:
+        """This ledger without the handover ``key`` (only if it is ``incident``'s, when given)."""
+        cur = self.handovers.get(key)
+        if cur is None or (incident is not None and cur.get("incident") != incident):
+            return self
+        return replace(self, handovers={k: v for k, v in self.handovers.items() if k != key})
+
 
 def _decode(raw: dict[str, Any] | None) -> Ledger:
     return Ledger.from_json(raw or {})
@@ -128,6 +166,27 @@ class LedgerStore:
     async def settle(self, decision: Decision, *, released: bool) -> None:
         """Settle ``decision``'s reservation at the end of its run (see ``Ledger.settled``)."""
         await self.docs.update(LEDGER_KEY, lambda led: (led.settled(decision, released=released), None))
+
+    async def finish(self, decision: Decision, handover: Mapping[str, Any] | None) -> None:
+        """End ``decision``'s run in the ledger (see ``Ledger.finished``): the reservation is released."""
+        await self.docs.update(LEDGER_KEY, lambda led: (led.finished(decision, handover), None))
+
+    async def release(self, key: str, incident: str | None = None) -> Mapping[str, Any] | None:
+        """Drop the reservation ``key`` (only ``incident``'s, when given); returns it, None when there was
+        none (already released: idempotent, so two replicas or two operators releasing one are harmless)."""
+        def drop(led: Ledger) -> tuple[Ledger, Mapping[str, Any] | None]:
+            cur = led.reservations.get(key)
+            new = led.without_reservation(key, incident)
+            return new, (cur if new is not led else None)
+        return await self.docs.update(LEDGER_KEY, drop)
+
+    async def settle_handover(self, key: str, incident: str | None = None) -> Mapping[str, Any] | None:
+        """Drop the handover ``key`` (only ``incident``'s, when given); returns it, None when already gone."""
+        def drop(led: Ledger) -> tuple[Ledger, Mapping[str, Any] | None]:
+            cur = led.handovers.get(key)
+            new = led.without_handover(key, incident)
+            return new, (cur if new is not led else None)
+        return await self.docs.update(LEDGER_KEY, drop)
 
     async def reset_breaker(self) -> BreakerState:
         """Close the breaker (its quarantine count starts over), keeping the reservations; returns the
