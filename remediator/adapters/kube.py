@@ -602,6 +602,45 @@ class KubeAdapter:
             nodes = [n for n in nodes if n["pool"] == pool]
         return sorted(nodes, key=lambda n: str(n["name"]))
 
+    def wait_node_change(self, resource_version: str | None, timeout_s: float) -> str | None:
+        """Block until a node changes after ``resource_version`` (one ``watch`` request on nodes, ended at its
+        first event) or ``timeout_s`` passes; returns the resourceVersion to watch from next. ``None`` in:
+        the current one, at once (list, then watch). ``None`` out: the watch could not continue (410 Gone,
+        an error event, a broken stream): list again. Used by ``remediator.reconciler``, which re-reads the
+        nodes it cares about after each change (list-then-watch with a periodic resync, as client-go does)."""
+        if resource_version is None:
+            page = self._request("GET", "/api/v1/nodes", query={"limit": 1}, kind="NodeList")
+            return str(_meta(page).get("resourceVersion") or "") or None
+        self._bucket.acquire()
+        query = [("watch", "1"), ("resourceVersion", resource_version),
+                 ("timeoutSeconds", max(1, int(timeout_s))), ("allowWatchBookmarks", "false")]
+        m, url, hdrs, payload, _ = self._api.param_serialize(
+            method="GET", resource_path="/api/v1/nodes", query_params=query,
+            header_params={"Accept": "application/json"}, auth_settings=["BearerToken"])
+        try:
+            resp = self._api.call_api(m, url, header_params=hdrs, body=payload,
+                                      _request_timeout=(self._request_timeout[0], timeout_s + 5.0))
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+            raise KubeTemporaryError(f"watch nodes: {e}") from e
+        raw = resp.response
+        try:
+            if int(resp.status) != 200:
+                return None
+            buf = b""
+            for chunk in raw.stream(4096):
+                buf += chunk
+                if b"\n" in buf:
+                    line = buf.split(b"\n", 1)[0]
+                    event = json.loads(line)
+                    if event.get("type") not in ("ADDED", "MODIFIED", "DELETED"):
+                        return None
+                    return str(_meta(event.get("object") or {}).get("resourceVersion") or "") or None
+            return resource_version  # timed out with no change
+        except (urllib3.exceptions.HTTPError, OSError, ValueError):
+            return None
+        finally:
+            raw.close()
+
     def node_pool(self, name: str) -> str:
         """The node's pool (label ``gpu-remediator.io/pool``, else ``"default"``)."""
         return str(self.get_node(name)["pool"])
@@ -1383,6 +1422,11 @@ class AsyncKube:
 
     async def list_gpu_nodes(self, pool: str | None = None) -> list[dict[str, Any]]:
         return await self._call(self.sync.list_gpu_nodes, pool)
+
+    async def wait_node_change(self, resource_version: str | None, timeout_s: float) -> str | None:
+        """``KubeAdapter.wait_node_change`` on a thread of its own (a watch holds it for up to
+        ``timeout_s``; the port's pool stays free for the steps)."""
+        return await asyncio.to_thread(self.sync.wait_node_change, resource_version, timeout_s)
 
     async def taint(self, node: str, key: str, value: str, effect: str = "NoSchedule") -> Change:
         return await self._call(self.sync.taint, node, key, value, effect)
