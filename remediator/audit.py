@@ -7,24 +7,63 @@ resets) all call ``AuditLog.append``; ``remediator audit list/show/verify/export
 Chains are per subject (``audit.<node>``, ``audit._cluster``). Each append carries
 ``Nats-Expected-Last-Subject-Sequence``, so two replicas appending to the same chain cannot fork or
 reorder it: the loser re-reads the chain head and re-links its record.
+
+Proof of what the trail holds: every record is signed by its writer's key (``signer``: the public nkey,
+``sig``: its ed25519 signature of the record's ``hash``, which covers ``signer``), and each chain's head is
+anchored by a signed ``AuditCheckpoint`` on ``auditcp.<node>`` (stream ``AUDITCP``, apart from AUDIT so
+that purging one leaves the other) at most every ``checkpoint_every`` records or ``checkpoint_interval_s``
+seconds, whichever comes first (and at ``flush``). ``verify_chains`` checks records and checkpoints against
+a ``TrustSet``: a forged record (unsigned, bad or unknown signature), a rewritten one (its hash differs
+from a checkpoint's, or its signature fails), a removed tail (the chain ends before its last checkpoint), a
+purged chain (checkpoints, no records), a purged stream (AUDIT or AUDITCP emptied while the other still
+says what there was) and a removed head (the chain starts after record 1 while the stream never dropped a
+message by its limits). Retention is not tampering: a chain whose oldest records aged out is verified from
+its oldest retained record on, against every retained checkpoint.
+
+A message on an audit subject that is not a valid record (``AuditGarbage``) is reported by verify and
+skipped by every reader (``iter_records``, ``query``) and by the appender's head loading, so it stops
+neither ``audit list/show/export`` nor the service.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, NotRequired, TypedDict
 
+import nats.errors
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, NotFoundError
+from pydantic import ValidationError
 
-from remediator.contracts import GENESIS_HASH, AuditRecord, AuditWhat, Decision, FaultEvent, resolve_job, utcnow
+from remediator.contracts import (
+    GENESIS_HASH,
+    AuditCheckpoint,
+    AuditRecord,
+    AuditWhat,
+    Decision,
+    FaultEvent,
+    resolve_job,
+    utcnow,
+)
 from remediator.errors import Conflict
-from remediator.subjects import AUDIT_STREAM, AUDIT_WILDCARD, audit_subject
+from remediator.signing import Signer, TrustSet, canonical, signed_fields, verify
+from remediator.subjects import (
+    AUDIT_CHECKPOINT_STREAM,
+    AUDIT_CHECKPOINT_WILDCARD,
+    AUDIT_STREAM,
+    AUDIT_WILDCARD,
+    CLUSTER_TOKEN,
+    audit_checkpoint_subject,
+    audit_subject,
+    node_from_token,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,17 +83,31 @@ class _Head:
 
 
 class AuditLog:
-    """Appends records to the per-node chains; safe to share between tasks of one process."""
+    """Appends records to the per-node chains; safe to share between tasks of one process.
+
+    ``signer`` signs every record and checkpoint (None: unsigned, which ``verify`` reports wherever a trust
+    set is given); ``checkpoint_every``/``checkpoint_interval_s`` bound how many records and seconds a
+    chain's head may go without a signed checkpoint (0: no checkpoints). ``flush`` anchors every head now.
+    """
 
     def __init__(self, js: JetStreamContext, actor: str, clock: Callable[[], datetime] = utcnow,
-                 max_attempts: int = 20, observers: Iterable[Callable[[AuditRecord], None]] = ()) -> None:
+                 max_attempts: int = 20, observers: Iterable[Callable[[AuditRecord], None]] = (),
+                 signer: Signer | None = None, checkpoint_every: int = 100,
+                 checkpoint_interval_s: float = 60.0) -> None:
         self._js = js
         self._observers = tuple(observers)
         self.actor = actor
+        self.signer = signer
         self._clock = clock
         self._max_attempts = max_attempts
         self._heads: dict[str, _Head] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self.checkpoint_every = checkpoint_every
+        self.checkpoint_interval_s = checkpoint_interval_s
+        self._unanchored: dict[str, tuple[AuditRecord, int, float]] = {}  # head, records since, first at
+        self._timers: dict[str, asyncio.Task[None]] = {}
+        self.checkpoints_written = 0
+        self._checkpoint_warned = False
 
     async def _load_head(self, subject: str) -> _Head:
         try:
@@ -62,8 +115,16 @@ class AuditLog:
         except NotFoundError:
             return _Head(0, 0, GENESIS_HASH)
         assert raw.data is not None and raw.seq is not None
-        rec = json.loads(raw.data)
-        return _Head(raw.seq, int(rec["seq"]), str(rec["hash"]))
+        entry = parse_entry(subject, raw.seq, raw.data)
+        if isinstance(entry, AuditRecord):
+            return _Head(raw.seq, entry.seq, entry.hash)
+        # Not a record on our chain (garbage): link to the last valid record, append after the garbage.
+        log.warning("audit: %s", entry.problem)
+        last: AuditRecord | None = None
+        async for item in iter_entries(self._js, node_from_token(subject.split(".", 1)[1])):
+            if isinstance(item, AuditRecord):
+                last = item
+        return _Head(raw.seq, last.seq, last.hash) if last else _Head(raw.seq, 0, GENESIS_HASH)
 
     async def append(
         self,
@@ -95,12 +156,16 @@ class AuditLog:
                     "event_id": event_id, "job": job, "fingerprint": fingerprint,
                     "prev_hash": head.hash,
                 }
+                if self.signer is not None:
+                    fields["signer"] = self.signer.public_key
                 # Round-trip through the model so the digest covers exactly what is serialised.
                 draft = AuditRecord.model_validate({**fields, "hash": ""}).model_dump(mode="json")
-                record = AuditRecord.model_validate({**draft, "hash": AuditRecord.digest(draft)})
+                digest = AuditRecord.digest(draft)
+                sig = self.signer.sign(digest.encode()) if self.signer is not None else None
+                record = AuditRecord.model_validate({**draft, "hash": digest, "sig": sig})
                 try:
                     ack = await self._js.publish(
-                        subject, record.model_dump_json().encode(), stream=AUDIT_STREAM,
+                        subject, record.model_dump_json(exclude_none=False).encode(), stream=AUDIT_STREAM,
                         headers={_EXPECTED_LAST_SUBJECT_SEQ: str(head.stream_seq)},
                     )
                 except APIError as err:
@@ -109,13 +174,80 @@ class AuditLog:
                         continue
                     raise
                 self._heads[subject] = _Head(ack.seq, record.seq, record.hash)
+                due = self._note_unanchored(subject, record)
                 for observe in self._observers:  # metrics: cheap, synchronous, never fail the append
                     try:
                         observe(record)
                     except Exception:
                         log.exception("audit observer failed")
+                if due:
+                    await self._checkpoint(subject)
                 return record
             raise AuditAppendError(f"could not append to {subject} after {self._max_attempts} attempts")
+
+    # --- checkpoints -------------------------------------------------------------------------------
+
+    def _note_unanchored(self, subject: str, record: AuditRecord) -> bool:
+        """Remember ``record`` as the chain's unanchored head; True when a checkpoint is due now."""
+        if self.signer is None or self.checkpoint_every <= 0:
+            return False
+        now = time.monotonic()
+        _, count, first = self._unanchored.get(subject, (record, 0, now))
+        self._unanchored[subject] = (record, count + 1, first)
+        if count + 1 >= self.checkpoint_every or now - first >= self.checkpoint_interval_s:
+            return True
+        if subject not in self._timers and self.checkpoint_interval_s > 0:
+            with contextlib.suppress(RuntimeError):  # no running loop: the next append or flush anchors it
+                self._timers[subject] = asyncio.get_running_loop().create_task(
+                    self._checkpoint_later(subject), name=f"audit-checkpoint-{subject}")
+        return False
+
+    async def _checkpoint_later(self, subject: str) -> None:
+        try:
+            await asyncio.sleep(self.checkpoint_interval_s)
+            self._timers.pop(subject, None)
+            async with self._locks.setdefault(subject, asyncio.Lock()):
+                await self._checkpoint(subject)
+        finally:
+            if self._timers.get(subject) is asyncio.current_task():
+                self._timers.pop(subject, None)
+
+    async def _checkpoint(self, subject: str) -> None:
+        """Write the signed checkpoint of ``subject``'s unanchored head (a failure is logged and retried at
+        the next append: the record itself is written)."""
+        pending = self._unanchored.get(subject)
+        if pending is None or self.signer is None:
+            return
+        head = pending[0]
+        body = {"version": 1, "chain": head.node, "seq": head.seq, "hash": head.hash,
+                "head_time": head.time.isoformat(), "at": self._clock().isoformat()}
+        cp = AuditCheckpoint.model_validate(self.signer.sign_document(body))
+        try:
+            await self._js.publish(audit_checkpoint_subject(None if head.node == CLUSTER_TOKEN else head.node),
+                                   cp.model_dump_json().encode(), stream=AUDIT_CHECKPOINT_STREAM)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the stream may not be provisioned yet (`remediator bus init`)
+            if not self._checkpoint_warned:
+                log.warning("audit checkpoint of %s not written (%s: %s); is %s declared "
+                            "(`remediator bus init`)?", subject, type(e).__name__, e, AUDIT_CHECKPOINT_STREAM)
+                self._checkpoint_warned = True
+            return
+        if self._unanchored.get(subject, (None,))[0] is head:
+            del self._unanchored[subject]
+            timer = self._timers.pop(subject, None)
+            if timer is not None and timer is not asyncio.current_task():
+                timer.cancel()
+        self.checkpoints_written += 1
+
+    async def flush(self) -> None:
+        """Anchor every chain head written since its last checkpoint (the service calls it at stop)."""
+        for timer in list(self._timers.values()):
+            timer.cancel()
+        self._timers.clear()
+        for subject in list(self._unanchored):
+            async with self._locks.setdefault(subject, asyncio.Lock()):
+                await self._checkpoint(subject)
 
     def bind(self, context: AuditContext) -> IncidentAudit:
         """An appender whose every record carries ``context`` (incident, node, GPU, event, job, fingerprint,
@@ -242,28 +374,96 @@ class IncidentAudit:
 # --- reading, querying, verifying --------------------------------------------------------------------
 
 
-async def iter_records(js: JetStreamContext, node: str | None = None, batch: int = 256,
-                       fetch_timeout: float = 2.0) -> AsyncIterator[AuditRecord]:
-    """Every record of one node's chain (``node``), or of all chains, in stream order."""
-    subject = audit_subject(node) if node else AUDIT_WILDCARD
-    info = await js.stream_info(AUDIT_STREAM)
+@dataclass(frozen=True)
+class AuditGarbage:
+    """A message on an audit (or checkpoint) subject that is not a valid record (checkpoint)."""
+
+    subject: str
+    stream_seq: int
+    error: str
+
+    @property
+    def chain(self) -> str:
+        token = self.subject.split(".", 1)[1] if "." in self.subject else self.subject
+        return node_from_token(token)
+
+    @property
+    def problem(self) -> str:
+        return f"message {self.stream_seq} on {self.subject} is not an audit record ({self.error})"
+
+
+_MAX_GARBAGE_ERROR = 160
+
+
+def parse_entry(subject: str, stream_seq: int, data: bytes | None) -> AuditRecord | AuditGarbage:
+    """The record in one message of an audit subject, or what is wrong with it (never raises)."""
+    try:
+        return AuditRecord.model_validate_json(data or b"")
+    except ValidationError as e:
+        first = e.errors(include_url=False, include_input=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return AuditGarbage(subject, stream_seq, (f"{where}: " if where else "") + first["msg"][:_MAX_GARBAGE_ERROR])
+
+
+def parse_checkpoint(subject: str, stream_seq: int, data: bytes | None) -> AuditCheckpoint | AuditGarbage:
+    try:
+        return AuditCheckpoint.model_validate_json(data or b"")
+    except ValidationError as e:
+        first = e.errors(include_url=False, include_input=False)[0]
+        return AuditGarbage(subject, stream_seq, f"not a checkpoint: {first['msg'][:_MAX_GARBAGE_ERROR]}")
+
+
+async def _iter_stream(js: JetStreamContext, stream: str, subject: str, batch: int,
+                       fetch_timeout: float) -> AsyncIterator[tuple[str, int, bytes]]:
+    """(subject, stream sequence, data) of every message of ``stream`` on ``subject``, in stream order,
+    through an ephemeral consumer that acks nothing."""
+    info = await js.stream_info(stream)
     last = info.state.last_seq
     if info.state.messages == 0:
         return
-    psub = await js.pull_subscribe(subject, stream=AUDIT_STREAM)
+    cfg = ConsumerConfig(deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE, inactive_threshold=30.0)
+    psub = await js.pull_subscribe(subject, stream=stream, config=cfg)
     try:
         while True:
             try:
                 msgs = await psub.fetch(batch, timeout=fetch_timeout)
-            except TimeoutError:
+            except (TimeoutError, nats.errors.TimeoutError):
                 return
             for m in msgs:
-                yield AuditRecord.model_validate_json(m.data)
-                await m.ack()
-                if m.metadata.sequence.stream >= last or m.metadata.num_pending == 0:
+                seq = m.metadata.sequence.stream
+                yield m.subject, seq, m.data
+                if seq >= last or m.metadata.num_pending == 0:
                     return
     finally:
         await psub.unsubscribe()
+
+
+async def iter_entries(js: JetStreamContext, node: str | None = None, batch: int = 256,
+                       fetch_timeout: float = 2.0) -> AsyncIterator[AuditRecord | AuditGarbage]:
+    """Every message of one node's chain (``node``), or of all chains, in stream order: records, and
+    ``AuditGarbage`` for what is not one."""
+    subject = audit_subject(node) if node else AUDIT_WILDCARD
+    async for subj, seq, data in _iter_stream(js, AUDIT_STREAM, subject, batch, fetch_timeout):
+        yield parse_entry(subj, seq, data)
+
+
+async def iter_records(js: JetStreamContext, node: str | None = None, batch: int = 256,
+                       fetch_timeout: float = 2.0) -> AsyncIterator[AuditRecord]:
+    """Every record of one node's chain (``node``), or of all chains, in stream order; a message that is
+    not a record is skipped (and logged): ``verify`` is where it is reported."""
+    async for entry in iter_entries(js, node, batch, fetch_timeout):
+        if isinstance(entry, AuditRecord):
+            yield entry
+        else:
+            log.warning("audit: skipped %s", entry.problem)
+
+
+async def iter_checkpoints(js: JetStreamContext, node: str | None = None, batch: int = 256,
+                           fetch_timeout: float = 2.0) -> AsyncIterator[AuditCheckpoint | AuditGarbage]:
+    """Every checkpoint of one chain (or all), oldest first; garbage on a checkpoint subject as such."""
+    subject = audit_checkpoint_subject(node) if node else AUDIT_CHECKPOINT_WILDCARD
+    async for subj, seq, data in _iter_stream(js, AUDIT_CHECKPOINT_STREAM, subject, batch, fetch_timeout):
+        yield parse_checkpoint(subj, seq, data)
 
 
 @dataclass(frozen=True)
@@ -296,30 +496,177 @@ async def query(js: JetStreamContext, q: AuditQuery) -> list[AuditRecord]:
 
 @dataclass(frozen=True)
 class ChainReport:
+    """One chain's verdict. ``problem`` names the first broken link; ``first_seq``/``last_seq`` the retained
+    records, ``checkpoints`` the trusted checkpoints seen, ``anchored_seq`` the newest one's record."""
+
     chain: str
     records: int
     ok: bool
     problem: str = ""
+    first_seq: int = 0
+    last_seq: int = 0
+    checkpoints: int = 0
+    anchored_seq: int = 0
+    garbage: int = 0
 
 
-def verify_chains(records: Iterable[AuditRecord]) -> list[ChainReport]:
-    """Check every chain: each record's hash, its link to the previous one, and gap-free sequence numbers."""
+@dataclass(frozen=True)
+class StreamFacts:
+    """What the two streams say about themselves (``stream_facts``): a purge leaves ``last_seq`` behind.
+
+    ``checkpoint_stream`` is False when AUDITCP does not exist; ``first_seq`` is AUDIT's first retained
+    sequence (1: nothing ever left the stream's start); ``max_age_s`` its age limit (0: none)."""
+
+    messages: int
+    first_seq: int
+    last_seq: int
+    max_age_s: float
+    max_bytes: int
+    checkpoint_stream: bool
+    checkpoint_messages: int
+    checkpoint_last_seq: int
+
+
+async def stream_facts(js: JetStreamContext) -> StreamFacts:
+    info = await js.stream_info(AUDIT_STREAM)
+    try:
+        cp = await js.stream_info(AUDIT_CHECKPOINT_STREAM)
+        cp_exists, cp_msgs, cp_last = True, cp.state.messages, cp.state.last_seq
+    except NotFoundError:
+        cp_exists, cp_msgs, cp_last = False, 0, 0
+    return StreamFacts(info.state.messages, info.state.first_seq, info.state.last_seq,
+                       float(info.config.max_age or 0), int(info.config.max_bytes or -1),
+                       cp_exists, cp_msgs, cp_last)
+
+
+def _record_problem(r: AuditRecord, trust: TrustSet | None) -> str:
+    """What is wrong with one record on its own (its hash, its signature), or ''."""
+    if not r.verify():
+        return f"record {r.seq}: hash does not match its content (rewritten)"
+    if r.signer is None or r.sig is None:
+        return f"record {r.seq}: unsigned (forged or written without a signing key)" if trust is not None else ""
+    if trust is not None and r.signer not in trust:
+        return f"record {r.seq}: signed by {r.signer}, a key not in the trust set (forged)"
+    if not verify(r.signer, r.hash.encode(), r.sig):
+        return f"record {r.seq}: bad signature (forged or rewritten)"
+    return ""
+
+
+def _checkpoint_ok(cp: AuditCheckpoint, trust: TrustSet | None) -> bool:
+    if trust is not None and cp.signer not in trust:
+        return False
+    return verify(cp.signer, canonical(signed_fields(cp.model_dump(mode="json"))), cp.sig)
+
+
+def verify_chains(records: Iterable[AuditRecord | AuditGarbage],
+                  checkpoints: Iterable[AuditCheckpoint | AuditGarbage] = (), *, trust: TrustSet | None = None,
+                  facts: StreamFacts | None = None, now: datetime | None = None) -> list[ChainReport]:
+    """Check every chain: each record's hash and signature (against ``trust``; None: signatures are checked
+    against their own signer only, unsigned records pass), its link to the previous one, gap-free sequence
+    numbers, and every trusted checkpoint (the chain must reach and match it). ``facts`` (``stream_facts``)
+    adds the checks of a purged stream and a removed head; ``now`` and ``facts.max_age_s`` tell a chain
+    that aged out from a purged one. Garbage is reported on its chain. Reports are sorted by chain; a
+    ``(streams)`` report says what is wrong with the streams as a whole."""
     chains: dict[str, list[AuditRecord]] = {}
+    garbage: dict[str, list[AuditGarbage]] = {}
     for r in records:
-        chains.setdefault(r.node, []).append(r)
+        if isinstance(r, AuditGarbage):
+            garbage.setdefault(r.chain, []).append(r)
+        else:
+            chains.setdefault(r.node, []).append(r)
+    anchors: dict[str, list[AuditCheckpoint]] = {}
+    bad_checkpoints: dict[str, list[str]] = {}
+    for cp in checkpoints:
+        if isinstance(cp, AuditGarbage):
+            bad_checkpoints.setdefault(cp.chain, []).append(f"checkpoint {cp.problem}")
+        elif _checkpoint_ok(cp, trust):
+            anchors.setdefault(cp.chain, []).append(cp)
+        else:
+            bad_checkpoints.setdefault(cp.chain, []).append(
+                f"checkpoint of record {cp.seq} at {cp.at.isoformat()} is not signed by a trusted key")
+    horizon = None
+    if facts is not None and facts.max_age_s > 0 and now is not None:
+        horizon = now.timestamp() - facts.max_age_s
     reports = []
-    for chain, recs in sorted(chains.items()):
+    for chain in sorted({*chains, *garbage, *anchors, *bad_checkpoints}):
+        recs = chains.get(chain, [])
+        cps = sorted(anchors.get(chain, []), key=lambda c: c.seq)
         problem = ""
-        prev_hash, prev_seq = GENESIS_HASH, 0
+        if garbage.get(chain):
+            problem = garbage[chain][0].problem
+        prev: AuditRecord | None = None
         for r in recs:
-            if not r.verify():
-                problem = f"record {r.seq}: hash does not match its content"
-            elif r.prev_hash != prev_hash:
-                problem = f"record {r.seq}: prev_hash does not link to record {prev_seq}"
-            elif r.seq != prev_seq + 1:
-                problem = f"record {r.seq}: expected sequence {prev_seq + 1}"
             if problem:
                 break
-            prev_hash, prev_seq = r.hash, r.seq
-        reports.append(ChainReport(chain, len(recs), not problem, problem))
+            problem = _record_problem(r, trust)
+            if problem:
+                break
+            if prev is None:
+                if r.seq == 1 and r.prev_hash != GENESIS_HASH:
+                    problem = "record 1: prev_hash is not the genesis hash"
+                elif r.seq > 1 and facts is not None and facts.first_seq <= 1 and facts.max_bytes < 0 \
+                        and not _aged(r, horizon):
+                    problem = (f"records 1..{r.seq - 1} removed: the chain starts at record {r.seq} but the "
+                               "stream never dropped a message by its limits")
+            elif r.prev_hash != prev.hash:
+                problem = f"record {r.seq}: prev_hash does not link to record {prev.seq}"
+            elif r.seq != prev.seq + 1:
+                problem = f"record {r.seq}: expected sequence {prev.seq + 1} (records removed)"
+            prev = r
+        first, last = (recs[0].seq, recs[-1].seq) if recs else (0, 0)
+        by_seq = {r.seq: r for r in recs}
+        if not problem:
+            for cp in cps:
+                if cp.seq > last:
+                    if not recs:
+                        if not _aged_time(cp.head_time, horizon):
+                            problem = (f"chain purged: the checkpoint of {cp.at.isoformat()} anchors record "
+                                       f"{cp.seq}, no record is retained")
+                    else:
+                        problem = (f"tail removed: the checkpoint of {cp.at.isoformat()} anchors record {cp.seq}, "
+                                   f"the chain ends at record {last}")
+                    break
+                rec = by_seq.get(cp.seq)
+                if rec is not None and rec.hash != cp.hash:
+                    problem = (f"record {cp.seq}: rewritten (the checkpoint of {cp.at.isoformat()} anchors hash "
+                               f"{cp.hash[:12]}…, the record has {rec.hash[:12]}…)")
+                    break
+        if not problem and bad_checkpoints.get(chain):
+            problem = bad_checkpoints[chain][0]
+        reports.append(ChainReport(chain, len(recs), not problem, problem, first, last, len(cps),
+                                   cps[-1].seq if cps else 0, len(garbage.get(chain, []))))
+    if facts is not None:
+        stream_problem = ""
+        if facts.last_seq > 0 and facts.messages == 0 and anchors and not all(
+                _aged_time(c.head_time, horizon) for cs in anchors.values() for c in cs):
+            stream_problem = f"AUDIT purged: {facts.last_seq} messages were written, none is retained"
+        elif not facts.checkpoint_stream and facts.messages > 0:
+            stream_problem = ("no checkpoint stream AUDITCP: deleted, or never declared (`remediator bus init`); "
+                              "a removed tail or purged chain cannot be detected without it")
+        elif facts.checkpoint_last_seq > 0 and facts.checkpoint_messages == 0:
+            stream_problem = (f"AUDITCP purged: {facts.checkpoint_last_seq} checkpoints were written, none is "
+                              "retained")
+        if stream_problem:
+            reports.append(ChainReport("(streams)", 0, False, stream_problem))
     return reports
+
+
+def _aged(r: AuditRecord, horizon: float | None) -> bool:
+    return _aged_time(r.time, horizon)
+
+
+def _aged_time(t: datetime, horizon: float | None) -> bool:
+    """Whether something written at ``t`` is past the retention horizon (so its loss is no tampering)."""
+    return horizon is not None and t.timestamp() < horizon
+
+
+async def verify_trail(js: JetStreamContext, trust: TrustSet | None = None, *,
+                       now: datetime | None = None) -> list[ChainReport]:
+    """``verify_chains`` over everything the bus holds: every audit message, every checkpoint and the two
+    streams' facts (what ``remediator audit verify`` and the audit API's chain status report)."""
+    facts = await stream_facts(js)
+    entries = [e async for e in iter_entries(js)]
+    cps: list[AuditCheckpoint | AuditGarbage] = []
+    if facts.checkpoint_stream:
+        cps = [c async for c in iter_checkpoints(js)]
+    return verify_chains(entries, cps, trust=trust, facts=facts, now=now or utcnow())

@@ -166,6 +166,14 @@ def _stream_specs(settings: Settings, replicas: int) -> list[_StreamSpec]:
             retention=js_api.RetentionPolicy.LIMITS, storage=file, duplicate_window=dup,
             max_age=audit_age, max_bytes=settings.audit_max_bytes, discard=js_api.DiscardPolicy.OLD,
             num_replicas=replicas)),
+        # Signed checkpoints of the audit chains' heads, apart from AUDIT so that purging one leaves the
+        # other; kept longer than the records they anchor, the last 10,000 per chain.
+        _StreamSpec(js_api.StreamConfig(
+            name=subjects.AUDIT_CHECKPOINT_STREAM, subjects=[subjects.AUDIT_CHECKPOINT_WILDCARD],
+            description="signed checkpoints of the audit chain heads (auditcp.<node>)",
+            retention=js_api.RetentionPolicy.LIMITS, storage=file, duplicate_window=dup,
+            max_age=2 * audit_age, max_bytes=-1, max_msgs_per_subject=10_000,
+            discard=js_api.DiscardPolicy.OLD, num_replicas=replicas)),
         # Dead letters are evidence an audit record points at: they are kept as long as the audit trail.
         _StreamSpec(js_api.StreamConfig(
             name=subjects.DEAD_LETTER_STREAM, subjects=[subjects.DEAD_LETTER_WILDCARD],

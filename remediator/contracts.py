@@ -385,6 +385,7 @@ AuditWhat = Literal[
     "breaker_reset",
     "dead_letter",
     "escalated",
+    "settled",  # a reservation, handover or incident settled by the reconciler or an operator
 ]
 
 
@@ -412,11 +413,16 @@ class AuditRecord(_Emitted):
     fingerprint: str | None = None
     prev_hash: str
     hash: str
+    signer: str | None = Field(default=None, max_length=64, description="the writer's public nkey")
+    sig: str | None = Field(default=None, max_length=128, description="signer's ed25519 signature of ``hash``")
 
     @staticmethod
     def digest(fields: dict[str, Any]) -> str:
-        """SHA-256 of the canonical JSON (sorted keys, no spaces) of ``fields`` without ``hash``."""
-        body = {k: v for k, v in fields.items() if k != "hash"}
+        """SHA-256 of the canonical JSON (sorted keys, no spaces) of ``fields`` without ``hash`` and ``sig``
+        (``signer`` is covered; an unsigned record's ``signer: null`` is left out, so records written before
+        signing keep their hashes)."""
+        body = {k: v for k, v in fields.items()
+                if k not in ("hash", "sig") and not (k == "signer" and v is None)}
         canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -427,6 +433,20 @@ class AuditRecord(_Emitted):
 GENESIS_HASH = "0" * 64
 
 
+class AuditCheckpoint(_Emitted):
+    """A signed statement that chain ``chain`` had head ``seq``/``hash`` (written ``head_time``) at ``at``
+    (DESIGN.md §8): ``verify`` finds a removed tail, a purged chain or a purged stream from it."""
+
+    version: Literal[1] = 1
+    chain: str = Field(max_length=253, description="the chain's node, or _cluster")
+    seq: int = Field(ge=1)
+    hash: str = Field(max_length=64)
+    head_time: datetime
+    at: datetime
+    signer: str = Field(max_length=64)
+    sig: str = Field(max_length=128)
+
+
 # --- Node agent commands (core request/reply on agent.<node>.cmd) -------------------------------------
 
 AgentVerb = Literal["isolate_gpu", "release_gpu", "reset_gpu", "kill_orphans", "health_check", "reboot_node",
@@ -434,11 +454,21 @@ AgentVerb = Literal["isolate_gpu", "release_gpu", "reset_gpu", "kill_orphans", "
 
 
 class AgentCommand(_Emitted):
+    """One node-local step asked of ``node``'s agent. On the wire it is signed (``remediator.adapters.agent``):
+    ``signer``/``sig`` over the canonical JSON of the other fields, ``nonce`` once-only per sending, valid from
+    ``issued_at`` to ``expires_at``; the agent refuses it otherwise (``remediator.agent.commands``)."""
+
     version: Literal[1] = 1
-    id: str = Field(description="idempotency key: a repeated id returns the first result")
+    id: str = Field(max_length=512, description="idempotency key: a repeated id returns the first result")
     verb: AgentVerb
     gpu: GpuRef | None = None
     params: dict[str, Any] = Field(default_factory=dict)
+    node: str | None = Field(default=None, max_length=253, description="the node it is meant for")
+    nonce: str | None = Field(default=None, max_length=64, description="once-only id of this sending")
+    issued_at: datetime | None = None
+    expires_at: datetime | None = None
+    signer: str | None = Field(default=None, max_length=64, description="the executor's public nkey")
+    sig: str | None = Field(default=None, max_length=128)
 
 
 class AgentReply(_Emitted):
@@ -452,6 +482,10 @@ class AgentReply(_Emitted):
     detail: str = ""
     before: dict[str, Any] = Field(default_factory=dict)
     after: dict[str, Any] = Field(default_factory=dict)
+    node: str | None = Field(default=None, max_length=253, description="the node whose agent answered")
+    nonce: str | None = Field(default=None, max_length=64, description="the command's nonce it answers")
+    signer: str | None = Field(default=None, max_length=64, description="the agent's public nkey")
+    sig: str | None = Field(default=None, max_length=128)
 
     @classmethod
     def of(cls, id: str, ok: bool, change: Change) -> AgentReply:

@@ -100,3 +100,15 @@ def attempts_key(node: str) -> str:
 def approval_key(incident: str) -> str:
     """A person's approval of an incident's gated steps: ``approval.<incident>``."""
     return f"approval.{incident}"
+
+
+# --- audit checkpoints (DESIGN.md §8) ----------------------------------------------------------------
+
+AUDIT_CHECKPOINT_STREAM = "AUDITCP"
+"""Signed checkpoints of every audit chain's head, in a stream of their own: purging AUDIT leaves them."""
+AUDIT_CHECKPOINT_WILDCARD = "auditcp.>"
+
+
+def audit_checkpoint_subject(node: str | None) -> str:
+    """Where the checkpoints of ``node``'s audit chain go (the cluster chain when None): ``auditcp.<token>``."""
+    return f"auditcp.{node_token(node) if node else CLUSTER_TOKEN}"
