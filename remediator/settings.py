@@ -163,6 +163,33 @@ class Settings(BaseSettings):
         description="OTLP/HTTP collector that receives the service's trace spans (e.g. http://otel:4318). "
                     "Unset: spans are recorded, not exported.",
     )
+    signing_seed_file: str | None = _in(
+        "service", default=None,
+        description="nkey seed (or .creds) file of the key that signs agent commands and audit records. Unset: "
+                    "<data_dir>/identity/service.nk, generated once (mode 0600).",
+    )
+    audit_trust_keys: str = _in(
+        "service", default="",
+        description="Comma-separated public nkeys whose audit records and checkpoints `audit verify` trusts (the "
+                    "replicas' and operators' keys; the data dir's service key is always trusted with --data-dir).",
+    )
+    audit_checkpoint_records: int = _in(
+        "service", default=100, ge=0,
+        description="A signed checkpoint of a chain's head at least every this many records (0: none).",
+    )
+    audit_checkpoint_interval_s: float = _in(
+        "service", default=30.0, gt=0,
+        description="A signed checkpoint of a chain's head at most this many seconds after its first "
+                    "unanchored record.",
+    )
+    agent_command_ttl_s: float = _in(
+        "service", default=60.0, gt=0, le=600,
+        description="How long a signed agent command stays valid; the agent refuses it after (and replays before).",
+    )
+    agent_key_cache_s: float = _in(
+        "service", default=30.0, ge=0,
+        description="How long the executor caches an agent's public key read from KV (agentkey.<node>).",
+    )
 
     # --- ingest -----------------------------------------------------------------------------------------
     http: str = _in("ingest", default="127.0.0.1:8080", description="HOST:PORT the HTTP ingest API listens on.")
@@ -172,6 +199,27 @@ class Settings(BaseSettings):
     )
     max_body_bytes: int = _in(
         "ingest", default=1_048_576, ge=1024, description="Largest request body accepted (413 above)."
+    )
+    api_tokens_file: str | None = _in(
+        "ingest", default=None,
+        description="File of bearer tokens (one entry per line or comma-separated, `#` comments), added to "
+                    "api_tokens. Each entry is TOKEN (every scope) or SCOPE:TOKEN, scopes alertmanager, events, "
+                    "auditor, admin.",
+    )
+    insecure_no_auth: bool = _in(
+        "ingest", default=False,
+        description="Serve /v1/* without bearer tokens (development only; `serve` says so at every start and "
+                    "in /readyz). Without it, `serve` refuses to start with no tokens.",
+    )
+    http_header_timeout_s: float = _in(
+        "ingest", default=10.0, gt=0,
+        description="A connection that has not sent a whole request head within this long is closed.",
+    )
+    http_body_timeout_s: float = _in(
+        "ingest", default=10.0, gt=0, description="Longest time a request body may take to arrive (408 after)."
+    )
+    http_keep_alive_s: float = _in(
+        "ingest", default=5.0, gt=0, description="An idle keep-alive connection is closed after this long."
     )
 
     # --- kube -------------------------------------------------------------------------------------------
@@ -350,6 +398,8 @@ class Settings(BaseSettings):
 
     @property
     def tokens(self) -> frozenset[str]:
+        """The entries of ``api_tokens`` (``TOKEN`` or ``SCOPE:TOKEN``); ``remediator.ingest.auth`` reads
+        ``api_tokens_file`` too and checks them."""
         return frozenset(t.strip() for t in self.api_tokens.split(",") if t.strip())
 
     @property
