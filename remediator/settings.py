@@ -342,16 +342,20 @@ class Settings(BaseSettings):
         "safety", default=2, ge=1, description="Remediations of one GPU per window, then escalate."
     )
     budget_max_node_fraction: float = _in(
-        "safety", default=0.1, gt=0, le=1, description="Largest fraction of a pool's GPU nodes out of service at once."
+        "safety", default=0.1, gt=0, le=1,
+        description="Largest fraction of a pool's GPU nodes out of service at once (cordoned, tainted by us or "
+                    "reserved; rounded down, never below one node).",
     )
     budget_max_nodes: int = _in(
-        "safety", default=50, ge=1, description="Largest number of a pool's GPU nodes out of service."
+        "safety", default=50, ge=1, description="Largest number of a pool's GPU nodes out of service at once."
     )
     budget_max_gpu_fraction: float = _in(
-        "safety", default=0.1, gt=0, le=1, description="Largest fraction of a pool's GPUs out of service at once."
+        "safety", default=0.1, gt=0, le=1,
+        description="Largest fraction of a pool's GPUs isolated on their own (on nodes still in service; rounded "
+                    "down, never below one). Whole nodes out count against the node budget only.",
     )
     budget_max_gpus: int = _in(
-        "safety", default=400, ge=1, description="Largest number of a pool's GPUs out of service."
+        "safety", default=400, ge=1, description="Largest number of a pool's GPUs isolated on their own at once."
     )
     breaker_threshold: int = _in(
         "safety", default=10, ge=1, description="Quarantines within the breaker window that trip it."
@@ -362,6 +366,14 @@ class Settings(BaseSettings):
     approval_wait_s: float = _in(
         "safety", default=30.0, ge=0,
         description="How long a step waits for approval before the decision is retried later.",
+    )
+    reconcile_resync_s: float = _in(
+        "safety", default=30.0, gt=0,
+        description="Full resync of the reconciler (handovers, reservations, incidents of deleted nodes); between "
+                    "resyncs it settles within seconds of each node change its watch reports.",
+    )
+    reconcile_watch_s: float = _in(
+        "safety", default=10.0, gt=0, description="Longest single node watch of the reconciler (then it re-watches).",
     )
 
     # --- executor ---------------------------------------------------------------------------------------
