@@ -47,7 +47,9 @@ from remediator.ingest.app import create_app
 from remediator.metrics import ServiceMetrics
 from remediator.natsd import EmbeddedNats
 from remediator.owners import OwnerResolver
+from remediator.reconciler import Reconciler
 from remediator.settings import Settings
+from remediator.subjects import STATE_BUCKET
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +86,7 @@ class Service:
     registry: HandlerRegistry | None = None
     dispatcher: Dispatcher | None = None
     executor: Executor | None = None
+    reconciler: Reconciler | None = None
     kube: AsyncKube | None = None
     metrics: ServiceMetrics = field(default_factory=ServiceMetrics)
     broker: NatsBroker | None = None
@@ -120,6 +123,10 @@ class Service:
                                                   clock=self.clock, origins=OwnerResolver(self.kube))
         self.executor = Executor(self.nc, self.js, s, self.kube, self.audit, PlaybookCatalog.load(),
                                  AgentClient(self.nc), clock=self.clock)
+        self.reconciler = Reconciler(await self.js.key_value(STATE_BUCKET), self.kube, self.audit,
+                                     taint_key=s.taint_key, resync_s=s.reconcile_resync_s,
+                                     watch_timeout_s=s.reconcile_watch_s, clock=self.clock)
+        self._tasks.append(asyncio.create_task(self.reconciler.run(self._stop), name="reconciler"))
         self.broker = consumers.consumer_broker(self.nats_url, name=f"{actor}-consumers")
         consumers.declare_dispatch(self.broker, self.dispatcher)
         consumers.declare_executor(self.broker, self.executor, concurrency=s.executor_concurrency)
