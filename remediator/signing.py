@@ -30,8 +30,20 @@ import nacl.exceptions
 import nacl.signing
 import nkeys
 
-__all__ = ["SigningKeyError", "SERVICE_KEY_FILE", "Signer", "TrustSet", "canonical", "generate_seed", "load_signer",
-           "public_key_bytes", "service_signer", "signed_fields", "verify", "verify_document"]
+__all__ = [
+    "SERVICE_KEY_FILE",
+    "Signer",
+    "SigningKeyError",
+    "TrustSet",
+    "canonical",
+    "generate_seed",
+    "load_signer",
+    "public_key_bytes",
+    "service_signer",
+    "signed_fields",
+    "verify",
+    "verify_document",
+]
 
 SERVICE_KEY_FILE = "service.nk"
 """Where the embedded mode keeps the service's signing seed, under ``<data dir>/identity/``."""
