@@ -379,6 +379,7 @@ AuditWhat = Literal[
     "step_failed",
     "step_skipped",
     "playbook_finished",
+    "approval_requested",
     "approval",
     "override",
     "breaker_trip",
