@@ -27,6 +27,7 @@ _COMMANDS: dict[str, str] = {
     "playbooks": "remediator.cli.playbooks:playbooks",
     "breaker": "remediator.cli.operator:breaker",
     "approve": "remediator.cli.operator:approve",
+    "budget": "remediator.cli.budget:budget",
     "drill": "remediator.cli.drill:drill",
 }
 
