@@ -25,14 +25,15 @@ from handlers.signatures.dcgm import (
     Alert,
     alerts_in_payload,
     classify_dcgm_series,
+    classify_dcgm_tool,
     gpu_from_alert_labels,
     is_series_line,
     node_from_alert_labels,
     signal_from_alert,
 )
-from handlers.signatures.kernel import classify_kernel, gpu_identity
+from handlers.signatures.kernel import classify_kernel, gpu_identity, is_skip_report
 from handlers.signatures.model import Signal, json_fields, unwrap_line
-from handlers.signatures.nccl import classify_nccl
+from handlers.signatures.nccl import classify_nccl, is_old_nccl_warn
 
 __all__ = [
     "ANCHORS",
@@ -61,6 +62,10 @@ ANCHORS: tuple[str, ...] = (
     "xid", "nvrm", "nccl", "cuda", "dcgm", "gpuislost", "fallenoffthebus", "outofmemory", "detectedbywatchdog",
     "heartbeatmonitor", "causedthedesync", "failedexitcode", "childfailederror", "eventtypeeventdata",
     "socket", "entireprocessdown", "markedunhealthy", "oomwhenallocating",
+    # issue 13: nvidia-smi's handle errors, XLA/TF "Resource exhausted", cuBLAS/cuDNN outside PyTorch, CUDA
+    # device-side assertion lines, DCGM host-engine health watches and dcgmi diag result rows.
+    "devicehandle", "resourceexhausted", "cublas", "cudnn", "threadassertion", "healthsystem", "failgpu",
+    "failall", "uncorrectablememory",
 )
 _BANCHORS = tuple(a.encode() for a in ANCHORS)
 # "nccl" followed by "info" is no anchor: NCCL's INFO chatter (a large share of a training job's log) is never
@@ -70,9 +75,11 @@ _ALPHABET = frozenset(b"".join((*_BANCHORS, _CHATTER)))
 _LOWER = bytes(c + 32 if 65 <= c <= 90 else c for c in range(256))
 _DELETE = bytes(c for c in range(256) if _LOWER[c] not in _ALPHABET and c != 10)
 
-_KERNEL = ("xid", "nvrm", "lost", "off the bus", "eventdata", "heartbeat", "unhealthy")
-_CUDA = ("cuda", "out of memory", "oom when allocating")
-_NCCL_FIRST = ("nccl warn", "nccl error in", "ncclunhandledcudaerror", "ncclsystemerror", "ncclinternalerror",
+_KERNEL = ("xid", "nvrm", "lost", "off the bus", "eventdata", "heartbeat", "unhealthy", "device handle")
+_CUDA = ("cuda", "out of memory", "oom when allocating", "resource exhausted", "resource_exhausted",
+         "resourceexhausted", "cublas", "cudnn", "assertion")
+_DCGM_TOOL = ("health system", "fail - ", "uncorrectable memory")
+_NCCL_FIRST = ("nccl warn", "nccl error in", "nccl operation", "ncclunhandledcudaerror", "ncclsystemerror", "ncclinternalerror",
                "ncclremoteerror", "ncclinvalid", "test nccl failure")
 _NCCL = ("nccl", "watchdog", "heartbeat", "desync", "exitcode", "childfailed", "socket",
          "entire process down")  # plain lower-case substrings: a superset of the anchors above
@@ -151,6 +158,8 @@ def _parse(line: str) -> Signal | None:
 def _classify(text: str, low: str) -> Signal | None:
     if "nccl info" in low and "nccl warn" not in low:
         return None
+    if ("skip" in low or "ignor" in low) and is_skip_report(text):
+        return None  # a component saying it skipped or ignored an event reports no fault
     if "dcgm_" in low:
         sig = classify_dcgm_series(text)
         if sig is not None or is_series_line(text):
@@ -159,7 +168,12 @@ def _classify(text: str, low: str) -> Signal | None:
         sig = classify_kernel(text, low)
         if sig is not None:
             return sig
-    if any(a in low for a in _NCCL_FIRST):  # NCCL's own report of a CUDA failure is an NCCL error
+    if any(a in low for a in _DCGM_TOOL):
+        sig = classify_dcgm_tool(text, low)
+        if sig is not None:
+            return sig
+    if any(a in low for a in _NCCL_FIRST) or ("] " in text and is_old_nccl_warn(text)):
+        # NCCL's own report of a CUDA failure is an NCCL error, in old tag-less WARN lines too
         sig = classify_nccl(text)
         if sig is not None:
             return sig

@@ -58,7 +58,22 @@ _DEVICE_RE = re.compile(r"\b(?:gpu|device|cuda:)\s*(\d{1,3})\b", re.IGNORECASE)
 _SIZE = r"(\d+(?:\.\d+)?)\s*([KMGTP]i?B|bytes|B)"
 _UNITS = {"B": 1, "BYTES": 1, "KB": 1000, "KIB": 1024, "MB": 1000**2, "MIB": 1024**2, "GB": 1000**3,
           "GIB": 1024**3, "TB": 1000**4, "TIB": 1024**4, "PB": 1000**5, "PIB": 1024**5}
-_TRIED_RE = re.compile(r"tried to allocate\s+" + _SIZE, re.IGNORECASE)
+_TRIED_RE = re.compile(r"(?:tried|trying) to allocate\s+" + _SIZE, re.IGNORECASE)
+# XLA's BFC allocator: "Resource exhausted: Failed to allocate request for 32.00MiB (33554432B) on device ordinal 0".
+_XLA_REQUEST_RE = re.compile(r"failed\s+to\s+allocate\s+request\s+for\s+" + _SIZE + r"(?:\s*\((\d+)B\))?"
+                             r"(?:\s+on\s+device\s+ordinal\s+(\d+))?", re.IGNORECASE)
+# TensorFlow: "OOM when allocating tensor with shape[16,112,112,147] and type float on
+# /job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc".
+_TF_DEVICE_RE = re.compile(r"device:(?P<dev>gpu|cpu):(?P<n>\d+)", re.IGNORECASE)
+_TF_SHAPE_RE = re.compile(r"tensor\s+with\s+shape\s*(\[[\d,\s]*\])", re.IGNORECASE)
+# A CUDA device-side assertion line (printf from the kernel, one per failing thread):
+# "/pytorch/aten/src/ATen/native/cuda/IndexKernel.cu:93: operator(): block: [1,0,0], thread: [121,0,0] Assertion
+# `index >= -sizes[i] && index < sizes[i] && "index out of bounds"` failed."
+_ASSERT_RE = re.compile(
+    r"(?P<file>[^\s:]*(?::[\\/][^\s:]*)?\.cuh?):(?P<line>\d+):\s*(?:(?P<func>[^\n]*?):\s*)?block:\s*\[(?P<block>[\d,\s]+)\]"
+    r",?\s*thread:\s*\[(?P<thread>[\d,\s]+)\]\s*assertion\s*[`'\"](?P<expr>.*?)[`'\"]\s*failed",
+    re.IGNORECASE,
+)
 # PyTorch >= 2.1 ("capacty" in 2.1 itself).
 _NEW_CAP_RE = re.compile(r"gpu\s+(\d+)\s+has\s+a\s+total\s+capac(?:i)?ty\s+of\s+" + _SIZE
                          + r"\s+of\s+which\s+" + _SIZE + r"\s+is\s+free", re.IGNORECASE)
@@ -85,8 +100,12 @@ def classify_cuda(text: str) -> Signal | None:
     if "search for `" in low:  # PyTorch's hint line names a cudaError* without reporting one
         text = _HINT_RE.sub(" ", text)
         low = text.lower()
+    if "assertion" in low and "block" in low:
+        a = _ASSERT_RE.search(text)
+        if a is not None:
+            return _assertion(a)
     if "out of memory" in low or "outofmemoryerror" in low or "oom when allocating" in low \
-            or any(n.lower() in low for n in _OOM_NAMES):
+            or "failed to allocate request for" in low or any(n.lower() in low for n in _OOM_NAMES):
         sig = _oom(text, low)
         if sig is not None:
             return sig
@@ -97,9 +116,13 @@ def classify_cuda(text: str) -> Signal | None:
 
 def _oom(text: str, low: str) -> Signal | None:
     gpu_context = ("cuda" in low or "gpu" in low or "cublas" in low or "resource_exhausted" in low
-                   or "outofmemoryerror" in low)
+                   or "outofmemoryerror" in low or "resource exhausted" in low or "resourceexhausted" in low
+                   or "device ordinal" in low)
     if not gpu_context or "killed process" in low or "oom-kill" in low or "oom_kill" in low:
         return None  # the host OOM killer is not a GPU signal
+    tf_dev = _TF_DEVICE_RE.search(text) if "device:" in low else None
+    if (tf_dev is not None and tf_dev.group("dev").lower() == "cpu") or "allocator cpu" in low:
+        return None  # TensorFlow/XLA out of host memory
     if "not a failure" in low:
         return None  # XLA/TF BFC allocator: "ran out of memory ... The caller indicates that this is not a failure"
     detail: dict[str, object] = {}
@@ -107,6 +130,18 @@ def _oom(text: str, low: str) -> Signal | None:
     tried = _TRIED_RE.search(text)
     if tried:
         detail["tried_bytes"] = _bytes(tried.group(1), tried.group(2))
+    xla = _XLA_REQUEST_RE.search(text) if "request for" in low else None
+    if xla is not None:
+        detail["tried_bytes"] = int(xla.group(3)) if xla.group(3) else _bytes(xla.group(1), xla.group(2))
+        detail["reporter"] = "xla"
+        if xla.group(4):
+            gpu_index = int(xla.group(4))
+    if tf_dev is not None:
+        gpu_index = int(tf_dev.group("n"))
+    shape = _TF_SHAPE_RE.search(text) if "shape" in low else None
+    if shape is not None:
+        detail["tensor_shape"] = shape.group(1).replace(" ", "")
+        detail["reporter"] = "tensorflow"
     new = _NEW_CAP_RE.search(text)
     held: int | None = None
     capacity: int | None = None
@@ -142,13 +177,25 @@ def _oom(text: str, low: str) -> Signal | None:
                           free_bytes=free, reserved_bytes=reserved)
             held = max(0, capacity - free - reserved)
             detail["held_by_others_bytes"] = held
-    if gpu_index is None:
+    if gpu_index is None and tf_dev is None:
         d = _DEVICE_RE.search(text)
         gpu_index = to_int(d.group(1)) if d else None
     suspect = held is not None and capacity is not None and held > max(ORPHAN_THRESHOLD_BYTES, capacity // 10)
     detail["memory_held_elsewhere"] = suspect if held is not None else None
     return Signal(kind="cuda_oom", code="out_of_memory", gpu_index=gpu_index,
                   playbook="memory-leak" if suspect else None, detail=freeze(detail))
+
+
+def _assertion(a: re.Match[str]) -> Signal:
+    """The ``cuda_error`` of one device-side assertion line: which kernel, where, which thread, what failed."""
+    func = (a.group("func") or "").strip() or None
+    detail: dict[str, object] = {
+        "cuda_error": "cudaErrorAssert", "cuda_error_code": 710, "gpu_suspect": False,
+        "source_file": a.group("file"), "source_line": int(a.group("line")), "kernel": func,
+        "block": a.group("block").replace(" ", ""), "thread": a.group("thread").replace(" ", ""),
+        "assertion": a.group("expr")[:256],
+    }
+    return Signal(kind="cuda_error", code="cudaErrorAssert", detail=freeze(detail))
 
 
 def _cuda_error(text: str, low: str) -> Signal | None:
@@ -161,9 +208,8 @@ def _cuda_error(text: str, low: str) -> Signal | None:
                 found = (name, number, xids, suspect)
                 break
         if found is None:
-            m = _DRIVER_NAME_RE.search(text)
-            if m is not None:
-                token = m.group(1)
+            token = next((t for t in _DRIVER_NAME_RE.findall(text) if not t.endswith("_SUCCESS")), None)
+            if token is not None:
                 found = _DRIVER_NAMES.get(token, (token, 0, (), False))
         if found is None:
             m = re.search(r"cuda (?:driver |runtime )?error\s*(?:\(\d+\))?\s*:\s*([^.\n]{3,80})", text, re.IGNORECASE)

@@ -464,3 +464,65 @@ def _expr(url: object) -> str | None:
         return None
     exprs = query.get("g0.expr") or next((v for k, v in query.items() if k.endswith("expr")), None)
     return exprs[0] if exprs else None
+
+
+# --- DCGM's own output: host-engine health watches and dcgmi diag result tables ---------------------
+
+# nv-hostengine: "[[Health]] Detected a WARNING in health system Thermal: 'Detected clocks event due to thermal
+# violation in GPU 2. ...'" (the system is a dcgmHealthSystems_t name: PCIe, NVLINK, PMU, MCU, Memory, SM,
+# InfoROM, Thermal, Power, Driver, NVSwitch ...; the severity WARNING or FAILURE).
+_HEALTH_WATCH_RE = re.compile(
+    r"detected\s+an?\s+(?P<sev>warning|failure|error)\s+in\s+health\s+system\s+(?P<system>[A-Za-z]+)\s*:?\s*(?P<msg>.*)",
+    re.IGNORECASE | re.DOTALL,
+)
+_HEALTH_SYSTEM_KIND: dict[str, str] = {"thermal": "thermal", "memory": "ecc", "nvswitch": "sxid"}
+_IN_GPU_RE = re.compile(r"\bGPU\s*(?:ID\s*)?[:#]?\s*(\d{1,3})\b", re.IGNORECASE)
+# dcgmi diag result rows: "| GPU Memory | Fail - GPU: 0 |", "| Targeted Power | Fail - GPUs: 1, 3 |" (the test
+# name is on the row above when the cell is a continuation), "| Memory | Fail - All |", and the deployment
+# section's "| Error | GPU 3 has uncorrectable memory errors and row |".
+_DIAG_FAIL_RE = re.compile(
+    r"^\s*\|\s*(?P<test>[^|]*?)\s*\|\s*fail\s*-\s*(?:gpus?\s*:\s*(?P<gpus>\d+(?:\s*,\s*\d+)*)|(?P<all>all))\s*\|",
+    re.IGNORECASE | re.MULTILINE,
+)
+_DIAG_ERROR_RE = re.compile(r"^\s*\|\s*error\s*\|\s*gpu\s+(?P<gpu>\d+)\s+(?P<msg>[^|]*)\|", re.IGNORECASE | re.MULTILINE)
+
+
+def classify_dcgm_tool(text: str, low: str | None = None) -> Signal | None:
+    """A DCGM host-engine health-watch line or a failing ``dcgmi diag`` result row, or None.
+
+    A continuation row of a diag table (empty first cell) names its test only when the framing layer has
+    joined it to the row above (``handlers.signatures.framing``); alone it is still a failure on its GPUs.
+    """
+    low = text.lower() if low is None else low
+    if "health system" in low:
+        m = _HEALTH_WATCH_RE.search(text)
+        if m is not None:
+            system = m.group("system")
+            failure = m.group("sev").lower() != "warning"
+            msg = m.group("msg").strip(" '`\"")
+            g = _IN_GPU_RE.search(msg)
+            return Signal(kind=_HEALTH_SYSTEM_KIND.get(system.lower(), "health_check"),
+                          code=f"dcgm_health_{system.lower()}", gpu_index=int(g.group(1)) if g else None,
+                          is_fatal=failure,
+                          detail=freeze({"reporter": "nv-hostengine", "health_system": system,
+                                         "severity": m.group("sev").upper(), "message": msg[:512] or None}))
+    if "fail" in low:
+        f = _DIAG_FAIL_RE.search(text)
+        if f is not None:
+            gpus = tuple(int(x) for x in re.findall(r"\d+", f.group("gpus") or ""))
+            tests = [t.strip() for t in re.findall(r"^\s*\|\s*([^|]*?)\s*\|", text, re.MULTILINE) if t.strip()]
+            test = f.group("test") or (tests[-1] if tests else None)
+            return Signal(kind="health_check", code="dcgm_diag_fail", gpu_index=gpus[0] if len(gpus) == 1 else None,
+                          is_fatal=True,
+                          detail=freeze({"reporter": "dcgmi diag", "test": test, "gpus": gpus or None,
+                                         "all_gpus": True if f.group("all") else None}))
+    if "uncorrectable memory" in low:
+        e = _DIAG_ERROR_RE.search(text)
+        if e is not None:
+            cells = re.findall(r"^\s*\|[^|]*\|([^|]*)\|", text[e.start():], re.MULTILINE)
+            message = " ".join(c.strip() for c in cells if c.strip())
+            pending = "pending" in low
+            return Signal(kind="ecc", code="dcgm_diag_uncorrectable_memory", gpu_index=int(e.group("gpu")),
+                          playbook="row-remap-pending" if pending else None, is_fatal=True,
+                          detail=freeze({"reporter": "dcgmi diag", "message": message[:512]}))
+    return None

@@ -95,6 +95,15 @@ _INIT_FAIL_RE = re.compile(r"rminitadapter\s+failed|rm_init_adapter\s+failed", r
 # "LibOS heartbeat timed out", LibOS being the GSP firmware's OS).
 _GSP_HB_RE = re.compile(r"_?kgspIsHeartbeatTimedOut|(?:gsp(?:\s+rm)?|libos)\s+heartbeat\s+timed?\s*out", re.IGNORECASE)
 _RESET_REQ_RE = re.compile(r"\bNV_ERR_RESET_REQUIRED\b", re.IGNORECASE)
+# nvidia-smi when NVML cannot reach a GPU: "Unable to determine the device handle for GPU 0000:0B:00.0: Unknown Error"
+# (also "GPU0000:20:00.0" glued, and "Unable to detect ..."). In the source threads that was a GPU off the bus; an
+# "Insufficient Permissions" or "Not Found" answer is a setup problem and stays unrecognised.
+_HANDLE_RE = re.compile(r"unable\s+to\s+(?:determine|detect)\s+the\s+device\s+handle\s+for\s+gpu\s*[0-9a-f:.]*\s*:\s*"
+                        r"(?P<why>unknown\s+error)", re.IGNORECASE)  # "...: GPU is lost" stays gpu_is_lost
+# "Skipping non-nvmlEventTypeXidCriticalError event: {... EventType:2 ...}", "Skipping event {...}", "ignoring Xid 13":
+# the device plugin and DRA driver logging an NVML event they chose not to act on.
+_SKIPPED_RE = re.compile(r"\b(?:skipping|skipped|ignoring|ignored)\s+(?:non-?\s*nvml\w*\s+)?(?:xid\s*\d*\s*)?event\b"
+                         r"|\b(?:skipping|ignoring)\s+xid\b", re.IGNORECASE)
 _RETIRE_FAIL_RE = re.compile(r"dynamic\s+page\s+retirement\s*:\s*blacklisting\s+failed", re.IGNORECASE)
 
 # NVML_GPU_RECOVERY_ACTION_* (gpu-faults.md §2.3): value -> (name as Xid 154 prints it, our playbook).
@@ -122,6 +131,11 @@ def _recovery_playbook(code: int | None, name: str | None) -> str | None:
     if code is not None and code in RECOVERY_ACTIONS:
         return RECOVERY_ACTIONS[code][1]
     return "unknown-xid"
+
+
+def is_skip_report(text: str) -> bool:
+    """True for a line in which a component says it skipped or ignored an (NVML) event or an Xid."""
+    return _SKIPPED_RE.search(text) is not None
 
 
 def gpu_identity(line: str) -> tuple[str, str] | None:
@@ -194,6 +208,10 @@ def classify_kernel(text: str, low: str | None = None) -> Signal | None:
     """The kernel/device-plugin signal in one unwrapped line, or None (identity lines are not faults)."""
     if low is None:
         low = text.lower()
+    if "handle" in low:
+        h = _HANDLE_RE.search(text)
+        if h is not None:
+            return _gpu_lost(text, "device_handle_" + h.group("why").lower().replace(" ", "_"), "gpu-lost")
     if "xid" in low:
         m = _XID_RE.search(text)
         if m is not None and not _is_sxid_at(text, m.start()):

@@ -46,6 +46,8 @@ _RANK_RE = re.compile(
     re.IGNORECASE,
 )
 _RANK_PREFIX_RE = re.compile(r"\[rank(?P<rank>\d+)\]", re.IGNORECASE)
+# Open MPI's --tag-output prefix "[1,0]<stderr>:" (job, rank).
+_MPI_RANK_RE = re.compile(r"^\s*\[\d+,(?P<rank>\d+)\]<std(?:out|err)>", re.IGNORECASE)
 _WORK_RE = re.compile(r"WorkNCCL\s*\((?P<body>[^()]*(?:\([^()]*\)[^()]*)*)\)", re.IGNORECASE)
 _KV_RE = re.compile(r"(\w+(?:\(ms\))?)\s*=\s*([^,\s)]+(?:\[[^\]]*\])?)")
 _RAN_FOR_RE = re.compile(r"ran\s+for\s+(\d+)\s+milliseconds", re.IGNORECASE)
@@ -90,8 +92,18 @@ _NCCL_SOCKET_FN_RE = re.compile(r"\bsocket(?:progressopt|progress|startconnect|p
 _SOCKET_CLOSED_RE = re.compile(r"connection\s+(?:closed|reset)\s+by\s+(?:remote\s+)?peer", re.IGNORECASE)
 _PROXY_RE = re.compile(r"\[proxy\s+service\s+(?P<svc>\d+)\]\s*failed\s+to\s+execute\s+operation\s+(?P<op>\w+)"
                        r"\s+from\s+rank\s+(?P<rank>\d+),\s*retcode\s+(?P<rc>\d+)", re.IGNORECASE)
-_OFI_RE = re.compile(r"net/ofi.*?\brc\s*:\s*(?P<rc>-?\d+).*?error\s*:\s*(?P<err>-?\d+)\s*(?:\((?P<name>\w+)\))?",
-                     re.IGNORECASE)
+_OFI_RE = re.compile(r"net/ofi.*?\brc\s*:\s*(?P<rc>-?\d+).*?error\s*:\s*(?:(?P<err>-?\d+)\s*(?:\((?P<name>\w+)\))?"
+                     r"|(?P<text>[^.,\n]+))", re.IGNORECASE)
+# aws-ofi-nccl: "NET/OFI Request 0x7f.. completed with error. RC: 21. Error: unknown error. Completed length: 0"
+_OFI_REQ_RE = re.compile(r"net/ofi\s+request\s+(?:0x[0-9a-f]+\s+)?completed\s+with\s+error", re.IGNORECASE)
+# XLA/JAX: "NCCL operation ncclCommInitRank(&comm, nranks, id, rank) failed: unhandled cuda error (run with
+# NCCL_DEBUG=INFO for details). Last NCCL warning(error) log entry (may be unrelated) 'Cuda failure 2 'out of memory''."
+_XLA_OP_RE = re.compile(r"nccl\s+operation\s+(?P<op>nccl\w+)\s*\((?P<args>[^)]*)\)\s+failed\s*:\s*(?P<why>[^.;(\n]+)"
+                        r"(?:.*?last\s+nccl\s+warning\(error\)\s+log\s+entry[^']*'(?P<last>.*?)'\.?(?:;|$))?",
+                        re.IGNORECASE | re.DOTALL)
+# NCCL releases before the "NCCL" tag in their prefix: "host:pid:tid [dev] file.cc:NN WARN <message>".
+_OLD_WARN_RE = re.compile(r"(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+)\s+\[(?P<dev>\d+)\]\s+(?P<src>[\w./]+\.(?:cc|cu|h|c):\d+)"
+                          r"\s+WARN\s+(?P<msg>.+)")
 _NCCL_ERR_IN_RE = re.compile(r"nccl\s+error\s+in\s*:\s*(?P<where>[^,]+),\s*(?P<what>[^\n]*?)(?:,\s*nccl\s+version\s+"
                              r"(?P<ver>[\d.]+\S*))?\s*$", re.IGNORECASE | re.MULTILINE)
 # nccl-tests: "Test NCCL failure common.cu:497 'unhandled cuda error'" (the ncclResult_t text of the failing call).
@@ -106,9 +118,22 @@ _ELASTIC_FAILED_RE = re.compile(
 )
 
 
+def is_old_nccl_warn(text: str) -> bool:
+    """True for a WARN line of an NCCL release that printed no ``NCCL`` tag (host:pid:tid [dev] file:line WARN)."""
+    return " WARN " in text and _OLD_WARN_RE.search(text) is not None
+
+
 def classify_nccl(text: str) -> Signal | None:
     """The NCCL / torch.distributed signal in one unwrapped line, or None."""
     low = text.lower()
+    if "nccl warn" not in low and is_old_nccl_warn(text):
+        o = _OLD_WARN_RE.search(text)
+        assert o is not None
+        tagged = text[:o.end("src")] + " NCCL WARN " + o.group("msg")
+        sig = _nccl_error(tagged, tagged.lower())
+        if sig is not None:
+            return Signal(kind=sig.kind, code=sig.code, detail=freeze({**sig.detail, "nccl_tag": False}))
+        return None
     if "exitcode" in low or "childfailederror" in low:
         sig = _elastic(text, low)
         if sig is not None:
@@ -209,6 +234,14 @@ def _nccl_error(text: str, low: str) -> Signal | None:
     warn = "nccl warn" in low
     if not warn and "nccl info" in low:
         return None  # INFO chatter, including the "-> <rc>" return-code trace lines
+    if "nccl operation" in low:
+        x = _XLA_OP_RE.search(text)
+        if x is not None:
+            why = x.group("why").strip()
+            code = next((name for frag, name in _RESULT_TEXT if frag in why.lower()), "nccl_error")
+            return Signal(kind="nccl_error", code=code, detail=freeze({
+                "reporter": "xla", "operation": x.group("op"), "reason": why[:256],
+                "last_nccl_warning": (x.group("last") or "")[:256] or None, "nccl_result": NCCL_RESULTS.get(code)}))
     if "segfault at" in low and "libnccl" in low:  # kernel: "pt_main_thread[..]: segfault at .. in libnccl.so.2[..]"
         return Signal(kind="nccl_error", code="segfault", detail=freeze({"message": text.strip()[:256]}))
     if warn:
@@ -233,7 +266,12 @@ def _nccl_error(text: str, low: str) -> Signal | None:
         return Signal(kind="nccl_error", code=f"IBV_WC_{name}", detail=freeze(detail))
     o = _OFI_RE.search(text)
     if o is not None:
-        detail.update(ofi_rc=int(o.group("rc")), ofi_error=int(o.group("err")), ofi_error_name=o.group("name"))
+        detail.update(ofi_rc=int(o.group("rc")), ofi_error=to_int(o.group("err")),
+                      ofi_error_name=o.group("name") or (o.group("text") or "").strip() or None,
+                      ofi_request_failed=True if _OFI_REQ_RE.search(text) else None)
+        p = _RANK_PREFIX_RE.search(text) or _MPI_RANK_RE.search(text)
+        if p is not None:
+            detail["rank"] = int(p.group("rank"))
         return Signal(kind="nccl_error", code="ofi_error", detail=freeze(detail))
     px = _PROXY_RE.search(text)
     if px is not None:
