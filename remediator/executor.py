@@ -362,6 +362,10 @@ class Executor:
         waited = 0.0
         while True:
             v = await gate.approval(d, self.policy(), spec.key, self.clock())
+            if not v.allowed and waited == 0.0:  # a person must be told: the audit view and fleet page list it
+                await audit.append("approval_requested", f"step {spec.key} of {d.playbook} waits for "
+                                   f"`remediator approve {d.incident_id}`", after={"step": spec.key,
+                                                                                  "playbook": d.playbook})
             if v.allowed or waited >= self.settings.approval_wait_s:
                 await self._verdict(audit, v, step=spec.key)
                 if v.allowed:
