@@ -147,7 +147,12 @@ def headline(lines: Sequence[StoryLine]) -> str:
     ("taint, cordon, drain (1 evicted, 2 skipped)")."""
     parts: list[str] = []
     steps: list[str] = []
+    prev = ""
     for line in lines:
+        escalation_step = line.kind == "step" and prev == "escalated"  # the step that wrote the escalation
+        prev = line.kind
+        if escalation_step:
+            continue
         if line.kind == "step":
             steps.append(line.short)
             continue

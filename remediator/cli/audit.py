@@ -31,6 +31,7 @@ from nats.js.errors import NotFoundError
 
 from remediator import bus
 from remediator.audit import AuditQuery, iter_records, query, verify_chains
+from remediator.audit_api.reader import IncidentFilter, incident_timeline, summarize
 from remediator.contracts import AuditRecord
 from remediator.natsd import EmbeddedNats, NatsServerNotFound
 from remediator.settings import Settings
@@ -171,14 +172,24 @@ def audit() -> None:
 @click.option("--fingerprint", default=None, help="Alertmanager alert fingerprint.")
 @click.option("--since", type=AuditTime(), default=None, help="Records at or after this time.")
 @click.option("--until", type=AuditTime(end=True), default=None, help="Records at or before this time.")
+@click.option("--playbook", default=None, help="Records of incidents whose decision named this playbook.")
+@click.option("--outcome", default=None,
+              help="Records of incidents that ended so (completed, escalated, …; open, pending-approval).")
 @click.option("--json", "as_json", is_flag=True)
 def list_(nats_url: str | None, data_dir: str | None, node: str | None, gpu: str | None, incident: str | None,
           job: str | None, fingerprint: str | None, since: datetime | None, until: datetime | None,
-          as_json: bool) -> None:
-    """Records matching every given filter, in order."""
+          playbook: str | None, outcome: str | None, as_json: bool) -> None:
+    """Records matching every given filter, in order (the filters of ``GET /v1/audit/incidents``)."""
     q = AuditQuery(node=node, gpu=gpu, incident=incident, job=job, fingerprint=fingerprint, since=since,
                    until=until)
-    records = _read(nats_url, data_dir, lambda js: query(js, q))
+    if playbook or outcome:
+        every = _read(nats_url, data_dir, _all)
+        by_incident = {r.incident for r in every if r.incident}
+        flt = IncidentFilter(playbook=playbook, outcome=outcome)
+        keep = {i for i in by_incident if flt.matches(summarize(incident_timeline(every, i)))}
+        records = [r for r in every if q.matches(r) and r.incident in keep]
+    else:
+        records = _read(nats_url, data_dir, lambda js: query(js, q))
     if as_json:
         sys.stdout.write(json.dumps([r.model_dump(mode="json") for r in records]) + "\n")
     else:
@@ -186,24 +197,36 @@ def list_(nats_url: str | None, data_dir: str | None, node: str | None, gpu: str
             click.echo(format_record(r))
 
 
+async def _all(js: JetStreamContext) -> list[AuditRecord]:
+    return [r async for r in iter_records(js)]
+
+
 @audit.command("show")
 @_nats_opt
 @_data_dir_opt
 @click.argument("incident")
-def show(nats_url: str | None, data_dir: str | None, incident: str) -> None:
-    """The timeline of one incident, with before/after of each step."""
-    records = _read(nats_url, data_dir, lambda js: query(js, AuditQuery(incident=incident)))
+@click.option("--truncate", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Cut each before/after to N characters (default: print them whole).")
+@click.option("--json", "as_json", is_flag=True, help="The timeline's records as one JSON list.")
+def show(nats_url: str | None, data_dir: str | None, incident: str, truncate: int | None, as_json: bool) -> None:
+    """The whole timeline of one incident, first record to last, with before/after of each step.
+
+    The records are those of ``GET /v1/audit/incidents/<id>`` in the same order: every record naming the
+    incident and the records of the events that opened or updated it (``incident_timeline``)."""
+    records = incident_timeline(_read(nats_url, data_dir, _all), incident)
     if not records:
         raise click.ClickException(f"no audit records for incident {incident}")
+    if as_json:
+        sys.stdout.write(json.dumps([r.model_dump(mode="json") for r in records]) + "\n")
+        return
     for r in records:
         click.echo(format_record(r))
         for label, data in (("before", r.before), ("after", r.after)):
             if data:
-                click.echo(f"    {label}: {json.dumps(data, sort_keys=True)[:400]}")
-
-
-async def _all(js: JetStreamContext) -> list[AuditRecord]:
-    return [r async for r in iter_records(js)]
+                text = json.dumps(data, sort_keys=True)
+                if truncate is not None and len(text) > truncate:
+                    text = text[:truncate] + f"… ({len(text) - truncate} more characters)"
+                click.echo(f"    {label}: {text}")
 
 
 @audit.command("verify")
@@ -234,3 +257,51 @@ def export(nats_url: str | None, data_dir: str | None, node: str | None) -> None
             sys.stdout.write(r.model_dump_json() + "\n")
 
     _read(nats_url, data_dir, dump)
+
+
+@audit.command("serve")
+@_nats_opt
+@_data_dir_opt
+@click.option("--http", "http", required=True, metavar="HOST:PORT", help="Where the API and view listen.")
+@click.option("--insecure-no-auth", is_flag=True,
+              help="Serve without bearer tokens (development only; REMEDIATOR_API_TOKENS otherwise).")
+def serve(nats_url: str | None, data_dir: str | None, http: str, insecure_no_auth: bool) -> None:
+    """The read-only audit API (/v1/audit/…) and web view (/audit/) on their own, until SIGINT/SIGTERM.
+
+    Tokens come from REMEDIATOR_API_TOKENS (``auditor:TOKEN`` entries); it refuses to start without one
+    unless --insecure-no-auth."""
+    import uvicorn
+
+    from remediator.audit_api.reader import AuditReader
+    from remediator.audit_api.routes import create_audit_app
+
+    host, sep, port = http.rpartition(":")
+    if not sep or not port.isdigit():
+        raise click.UsageError(f"--http takes HOST:PORT, not {http!r}")
+    settings = Settings()
+    if not settings.tokens and not insecure_no_auth:
+        raise click.UsageError("no bearer tokens: set REMEDIATOR_API_TOKENS (e.g. auditor:TOKEN) or pass "
+                               "--insecure-no-auth")
+
+    async def run(url: str) -> None:
+        try:
+            nc, js = await bus.connect(url, name="remediator-audit-serve", max_reconnect_attempts=-1,
+                                       error_cb=_quiet)
+        except (NoServersError, OSError, TimeoutError, NatsError) as e:
+            raise click.ClickException(f"cannot reach NATS at {url}: {type(e).__name__} {e}".rstrip()) from None
+        try:
+            reader = AuditReader(js)
+            try:
+                await reader.refresh(force=True)
+            except NotFoundError:
+                raise click.ClickException(f"no {AUDIT_STREAM} stream on {url}") from None
+            app = create_audit_app(reader, settings)
+            config = uvicorn.Config(app, host=host or "127.0.0.1", port=int(port), log_level="warning",
+                                    access_log=False, lifespan="off")
+            click.echo(f"audit API and view on http://{host or '127.0.0.1'}:{port}/audit/ (reading {url})", err=True)
+            await uvicorn.Server(config).serve()
+        finally:
+            await nc.close()
+
+    with audit_bus(nats_url, data_dir) as url:
+        asyncio.run(run(url))
