@@ -102,6 +102,12 @@ def approval_key(incident: str) -> str:
     return f"approval.{incident}"
 
 
+def agent_key_key(node: str) -> str:
+    """The public user nkey a node's agent holds, written whenever its credentials are issued (the trust
+    anchor the executor verifies that agent's signed replies with): ``agentkey.<node token>``."""
+    return f"agentkey.{node_token(node)}"
+
+
 # --- audit checkpoints (DESIGN.md §8) ----------------------------------------------------------------
 
 AUDIT_CHECKPOINT_STREAM = "AUDITCP"
