@@ -3,7 +3,10 @@
 Where it sits: a leaf of the CLI, beside the executor. Both write the KV state every executor replica reads
 (the breaker in the safety ledger ``safety.ledger``, approvals under ``approval.<incident>`` in
 ``remediator-state``) by compare-and-set (``remediator.kv``), and both leave an audit record naming the
-person (``--actor``, default ``$USER``) and the reason. Every command takes ``--nats URL`` (``REMEDIATOR_NATS_URL``).
+person and the reason: for a breaker reset ``--actor`` (default ``$USER``); for an approval the identity
+the NATS server authenticated (``nats_identity``), never a name given on the command line. ``approve``
+refuses an unknown incident, a finished run and an incident already approved. Every command takes
+``--nats URL`` (``REMEDIATOR_NATS_URL``).
 """
 
 from __future__ import annotations
@@ -38,8 +41,9 @@ def _actor(actor: str | None) -> str:
         return "human:unknown"
 
 
-async def _state(url: str) -> tuple[Any, Any, Any]:
-    nc, js = await bus.connect(url, name="remediator-operator")
+async def _state(url: str, creds: str | None = None) -> tuple[Any, Any, Any]:
+    opts: dict[str, Any] = {"user_credentials": creds} if creds else {}
+    nc, js = await bus.connect(url, name="remediator-operator", **opts)
     return nc, js, await js.key_value(STATE_BUCKET)
 
 
@@ -70,23 +74,73 @@ async def breaker_reset(url: str, reason: str, actor: str) -> dict[str, Any]:
         await nc.close()
 
 
-async def approve_incident(url: str, incident: str, reason: str, actor: str) -> dict[str, Any]:
-    """Record an approval of ``incident`` (idempotent: the first approval stands). Audited."""
-    nc, js, kv = await _state(url)
+class ApprovalRefused(click.ClickException):
+    """``approve`` of an incident that has no run waiting, or that someone already decided."""
+
+
+async def nats_identity(nc: Any, creds: str | None = None) -> str:
+    """Who the server authenticated this connection as: ``nats:<account>/<user>`` from the server's own
+    ``$SYS.REQ.USER.INFO`` answer (``anonymous`` on a server without users), with the user JWT's ``name``
+    claim when ``creds`` holds the JWT of that very user. Never a name the caller chose."""
     try:
+        reply = await nc.request("$SYS.REQ.USER.INFO", b"", timeout=2.0)
+        data = json.loads(reply.data).get("data") or {}
+    except Exception as e:  # an old server or a permission that forbids it: no identity, no approval
+        raise click.ClickException(f"the NATS server did not say who this connection is ({e!r}); "
+                                   "an approval needs an authenticated identity") from None
+    account = str(data.get("account_name") or data.get("account") or "?")
+    user = str(data.get("user") or "anonymous")
+    if creds:
+        name = _jwt_name(creds, user)
+        if name:
+            return f"nats:{account}/{name}"
+    return f"nats:{account}/{user}"
+
+
+def _jwt_name(creds: str, user: str) -> str | None:
+    """The ``name`` of the user JWT in the ``creds`` file when its subject is ``user`` (the key the server
+    authenticated), else None."""
+    import base64
+    import re
+    from pathlib import Path
+
+    text = Path(creds).read_text()
+    m = re.search(r"-----BEGIN NATS USER JWT-----\s*(\S+)\s*------END NATS USER JWT------", text)
+    if m is None:
+        return None
+    try:
+        payload = m.group(1).split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except (IndexError, ValueError):
+        return None
+    return str(claims.get("name")) if claims.get("sub") == user and claims.get("name") else None
+
+
+async def approve_incident(url: str, incident: str, reason: str, *, creds: str | None = None) -> dict[str, Any]:
+    """Record an approval of ``incident`` by the connection's authenticated identity (``nats_identity``).
+    Audited. Refuses (``ApprovalRefused``) an incident with no run (unknown), a finished run, and an
+    incident someone already approved."""
+    nc, js, kv = await _state(url, creds)
+    try:
+        actor = await nats_identity(nc, creds)
         run, _ = await RunLog(kv).get(incident)
+        if run is None:
+            raise ApprovalRefused(f"unknown incident {incident}: no run of it is waiting for an approval")
+        if run.status == "finished":
+            raise ApprovalRefused(f"incident {incident} is already decided: its run finished "
+                                  f"({run.outcome or 'no outcome'})")
         approvals = json_documents(kv)
         key = approval_key(incident)
         existing = await approvals.get(key)
         if existing.value is not None:
-            return {**existing.value, "already": True}
+            raise ApprovalRefused(f"incident {incident} is already approved by {existing.value.get('by')} "
+                                  f"at {existing.value.get('at')}")
         body: dict[str, Any] = {"incident": incident, "by": actor, "reason": reason, "at": utcnow().isoformat()}
         try:
             await approvals.put(key, body, existing.revision)
         except LostRace:
-            return {**((await approvals.get(key)).value or {}), "already": True}
-        node = run.node if run is not None else None
-        await AuditLog(js, actor).append(node, "approval", reason or "approved", incident=incident, after=body)
+            raise ApprovalRefused(f"incident {incident} was approved by someone else just now") from None
+        await AuditLog(js, actor).append(run.node, "approval", reason or "approved", incident=incident, after=body)
         return {**body, "already": False}
     finally:
         await nc.close()
@@ -133,9 +187,12 @@ def reset(nats_url: str, reason: str, actor: str | None, as_json: bool) -> None:
 @click.argument("incident")
 @_nats_option
 @click.option("--reason", default="", help="Why (kept in the audit trail).")
-@_actor_option
+@click.option("--creds", default=None, metavar="FILE", type=click.Path(dir_okay=False, exists=True),
+              help="The operator's NATS .creds file; the approval is recorded under the identity it proves.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
-def approve(incident: str, nats_url: str, reason: str, actor: str | None, as_json: bool) -> None:
-    """Approve the steps of INCIDENT marked ``requires_approval``."""
-    doc = asyncio.run(approve_incident(nats_url, incident, reason, _actor(actor)))
-    _emit(doc, as_json, f"{incident} approved by {doc.get('by')}" + (" (already)" if doc.get("already") else ""))
+def approve(incident: str, nats_url: str, reason: str, creds: str | None, as_json: bool) -> None:
+    """Approve the steps of INCIDENT marked ``requires_approval``, as the identity NATS authenticated.
+
+    Refuses, with one line and exit 1, an unknown incident, a finished one and one already approved."""
+    doc = asyncio.run(approve_incident(nats_url, incident, reason, creds=creds))
+    _emit(doc, as_json, f"{incident} approved by {doc.get('by')}")
