@@ -37,7 +37,7 @@ from handlers import HandlerPolicies, build_registry
 from handlers.base import HandlerRegistry
 from playbooks.catalog import PlaybookCatalog
 from remediator import bus, consumers, telemetry
-from remediator.adapters.agent import AgentClient
+from remediator.adapters.agent import AgentClient, AgentKeys
 from remediator.adapters.kube import AsyncKube
 from remediator.audit import AuditLog
 from remediator.contracts import utcnow
@@ -49,6 +49,7 @@ from remediator.natsd import EmbeddedNats
 from remediator.owners import OwnerResolver
 from remediator.reconciler import Reconciler
 from remediator.settings import Settings
+from remediator.signing import service_signer
 from remediator.subjects import STATE_BUCKET
 
 log = logging.getLogger(__name__)
@@ -117,12 +118,23 @@ class Service:
         actor = s.replica_id or default_actor()
         telemetry.setup(otlp_endpoint=s.otlp_endpoint)  # spans recorded; exported only to a configured collector
         self.registry = configured_registry(s)
-        self.audit = AuditLog(self.js, actor, clock=self.clock, observers=[self.metrics.observe])
+        # One key signs this replica's audit records, checkpoints and agent commands (signing_seed_file, else
+        # <data dir>/identity/service.nk, made once): agents and `audit verify` trust its public key.
+        signer = service_signer(s.data_dir or (self.nats.data_dir if self.nats is not None else None),
+                                s.signing_seed_file)
+        if not (s.signing_seed_file or s.data_dir or self.nats is not None):
+            log.warning("no signing_seed_file: audit records and agent commands are signed by a key of this "
+                        "process only (%s), which no agent or verifier trusts after a restart", signer.public_key)
+        self.audit = AuditLog(self.js, actor, clock=self.clock, observers=[self.metrics.observe], signer=signer,
+                              checkpoint_every=s.audit_checkpoint_records,
+                              checkpoint_interval_s=s.audit_checkpoint_interval_s)
         self.kube = AsyncKube.from_settings(s)
         self.dispatcher = await Dispatcher.create(self.nc, self.js, s, self.audit, registry=self.registry,
                                                   clock=self.clock, origins=OwnerResolver(self.kube))
         self.executor = Executor(self.nc, self.js, s, self.kube, self.audit, PlaybookCatalog.load(),
-                                 AgentClient(self.nc), clock=self.clock)
+                                 AgentClient(self.nc, signer=signer, command_ttl_s=s.agent_command_ttl_s,
+                                             keys=AgentKeys(self.nc, cache_s=s.agent_key_cache_s)),
+                                 clock=self.clock)
         self.reconciler = Reconciler(await self.js.key_value(STATE_BUCKET), self.kube, self.audit,
                                      taint_key=s.taint_key, resync_s=s.reconcile_resync_s,
                                      watch_timeout_s=s.reconcile_watch_s, clock=self.clock)
@@ -152,6 +164,14 @@ class Service:
             if t is not stopper and t.exception() is not None:
                 raise t.exception()  # type: ignore[misc]
 
+    async def _flush_audit(self) -> None:
+        """Anchor every chain head this replica wrote since its last checkpoint (bounded: NATS may be away)."""
+        if self.audit is not None and self.nc is not None and self.nc.is_connected:
+            try:
+                await asyncio.wait_for(self.audit.flush(), 5)
+            except Exception as e:
+                log.warning("audit checkpoints at stop not written: %s", type(e).__name__)
+
     async def stop(self) -> None:
         self._stop.set()
         if self._http is not None:
@@ -164,6 +184,7 @@ class Service:
                 t.cancel()
         if self.kube is not None:  # its worker threads and connection pool
             self.kube.close()
+        await self._flush_audit()
         if self.nc is not None:
             with contextlib.suppress(Exception):
                 await self.nc.drain()
