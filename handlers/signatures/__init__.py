@@ -16,9 +16,10 @@ series lines and alert labels).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from bisect import bisect_right
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
-from typing import BinaryIO
+from typing import BinaryIO, overload
 
 from handlers.signatures.cuda import classify_cuda
 from handlers.signatures.dcgm import (
@@ -31,6 +32,7 @@ from handlers.signatures.dcgm import (
     node_from_alert_labels,
     signal_from_alert,
 )
+from handlers.signatures.framing import frame
 from handlers.signatures.kernel import classify_kernel, gpu_identity, is_skip_report
 from handlers.signatures.model import Signal, json_fields, unwrap_line
 from handlers.signatures.nccl import classify_nccl, is_old_nccl_warn
@@ -208,12 +210,71 @@ def anchored_lines(block: bytes) -> list[tuple[int, bytes]]:
     return out
 
 
+# Anchors long enough that a hard wrap may cut them: looked for across line breaks by the framing layer.
+_SPLITTABLE = tuple(a for a in _BANCHORS if len(a) >= 8)
+
+
+def _split_lines(skel: bytes) -> frozenset[int]:
+    """0-based indices of the lines of ``skel`` whose anchor continues on the next line (a hard wrap)."""
+    nonl = skel.replace(b"\n", b"")
+    if len(nonl) == len(skel):
+        return frozenset()
+    out: set[int] = set()
+    nls: list[int] | None = None
+    for a in _SPLITTABLE:
+        if nonl.count(a) == skel.count(a):
+            continue
+        if nls is None:  # nonl offset of the k-th newline: its skel offset minus k
+            nls = [m.start() - k for k, m in enumerate(re.finditer(b"\n", skel))]
+        q = nonl.find(a)
+        while q >= 0:
+            k = bisect_right(nls, q)
+            if k < len(nls) and nls[k] < q + len(a):
+                out.add(k)
+            q = nonl.find(a, q + 1)
+    return frozenset(out)
+
+
+class _Lines(Sequence[str]):
+    """The lines of a block, decoded only when the framing layer reads one."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: list[bytes]) -> None:
+        self._raw = raw
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | Sequence[str]:
+        if isinstance(i, slice):
+            return [r.decode("utf-8", "replace") for r in self._raw[i]]
+        return self._raw[i].decode("utf-8", "replace")
+
+
 def _scan_block(block: bytes, first_line: int) -> Iterator[tuple[int, Signal]]:
-    """Signals in ``block`` (whole lines, UTF-8), numbered from ``first_line``."""
-    for index, raw in anchored_lines(block):
-        sig = _parse(raw.decode("utf-8", "replace"))
-        if sig is not None:
-            yield first_line + index, sig
+    """Signals in ``block`` (whole lines, UTF-8), numbered from ``first_line``; records framed (``framing``)."""
+    skel = skeleton(block)
+    starts = _anchored_lines(skel)
+    split = _split_lines(skel)
+    if not starts and not split:
+        return
+    count = skel.count
+    indices: list[int] = []
+    line_no, spos = 0, 0
+    for ls in sorted(starts):
+        line_no += count(b"\n", spos, ls)
+        spos = ls
+        indices.append(line_no)
+    lines = _Lines(block.split(b"\n"))
+    for index, sig in frame(lines, indices, _parse, split):
+        yield first_line + index, sig
 
 
 class LineScanner:
@@ -259,8 +320,8 @@ class LineScanner:
     def scan_stream(self, stream: BinaryIO, block: int = 1 << 20) -> Iterator[tuple[int, Signal]]:
         """Scan a binary stream read in blocks of ``block`` bytes; a line cut by a block end is joined up.
 
-        Each block is scanned where it lies (no copy of it is made): its first line is judged together with
-        the tail of the block before, and its unfinished last line is kept for the next one.
+        Each block is scanned up to its last newline (with the unfinished line of the block before in front);
+        its unfinished last line is kept for the next one. Records are framed within a block.
         """
         line_no = 1
         rest = b""
@@ -268,22 +329,13 @@ class LineScanner:
             data = stream.read(block)
             if not data:
                 break
-            first_nl = data.find(b"\n")
-            if first_nl < 0:
+            cut = data.rfind(b"\n")
+            if cut < 0:
                 rest += data
                 continue
-            head = rest + data[:first_nl]
-            for _, raw in anchored_lines(head):
-                sig = _parse(raw.decode("utf-8", "replace"))
-                if sig is not None:
-                    yield line_no, sig
-            complete = data.count(b"\n")
-            for index, raw in anchored_lines(data):
-                if 0 < index < complete:
-                    sig = _parse(raw.decode("utf-8", "replace"))
-                    if sig is not None:
-                        yield line_no + index, sig
-            line_no += complete
-            rest = data[data.rfind(b"\n") + 1:]
+            complete = rest + data[:cut] if rest else data[:cut]
+            yield from _scan_block(complete, line_no)
+            line_no += complete.count(b"\n") + 1
+            rest = data[cut + 1:]
         if rest:
             yield from self.scan_bytes(rest, line_no)
