@@ -23,13 +23,18 @@ message is nakked instead, so nothing is dropped. Streams and consumers are decl
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
+import re
+import ssl
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import nats
+import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -38,7 +43,7 @@ from nats.js.errors import NotFoundError
 
 from remediator import subjects
 from remediator.contracts import FaultEvent
-from remediator.errors import PermanentError, TemporaryError
+from remediator.errors import PermanentError, SetupError, TemporaryError
 from remediator.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -47,14 +52,20 @@ __all__ = [
     "DISPATCH_CONSUMER",
     "EXECUTOR_CONSUMER",
     "NATS",
+    "BusNotProvisioned",
+    "Credentials",
     "PermanentError",
     "TemporaryError",
+    "auth_of",
     "bus_ready",
     "connect",
+    "connect_within",
     "dead_letter_publisher",
     "provision",
     "publish_event",
+    "redact_url",
     "settle",
+    "verify",
 ]
 
 DISPATCH_CONSUMER = "dispatch"
@@ -69,8 +80,6 @@ ORIGINAL_SEQUENCE_HEADER = "Remediator-Original-Sequence"
 
 DAY_S = 86_400
 FAULTS_MAX_AGE_S = 30 * DAY_S  # events are replayable history for a month; incidents live in KV and AUDIT
-DISPATCH_ACK_WAIT_S = 60.0  # a decision is KV reads/writes and one publish: seconds, not minutes
-EXECUTOR_ACK_WAIT_S = 600.0  # a playbook step (drain) may run minutes; the executor also sends in-progress
 DISPATCH_MAX_ACK_PENDING = 256  # per-node order comes from the node lock and CAS, not from the consumer
 EXECUTOR_MAX_ACK_PENDING = 64  # playbooks in flight per replica set; the blast-radius budget bounds it too
 
@@ -78,24 +87,102 @@ EXECUTOR_MAX_ACK_PENDING = 64  # playbooks in flight per replica set; the blast-
 # --- connection -----------------------------------------------------------------------------------
 
 
-async def connect(url: str, name: str = "remediator", **opts: Any) -> tuple[NATS, JetStreamContext]:
+@dataclass(frozen=True)
+class Credentials:
+    """How a client proves who it is to NATS: a ``.creds`` file (user JWT and seed), or an nkey seed file;
+    TLS with a CA, and a client certificate and key. Paths only: the secrets stay in their files and are
+    never printed or logged. ``inbox_prefix`` None: the one the creds file's role may subscribe to
+    (``remediator.identity.roles``), else nats-py's ``_INBOX``."""
+
+    creds_file: str | None = None
+    nkey_seed_file: str | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    inbox_prefix: str | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Credentials:
+        return cls(settings.nats_creds_file, settings.nats_nkey_seed_file, settings.nats_tls_ca,
+                   settings.nats_tls_cert, settings.nats_tls_key)
+
+    def __bool__(self) -> bool:
+        return any((self.creds_file, self.nkey_seed_file, self.tls_ca, self.tls_cert, self.tls_key))
+
+    def options(self) -> dict[str, Any]:
+        """The ``nats.connect`` options; ``ValueError`` naming the file and the fix when one is unusable."""
+        from remediator.identity import creds, jwt, roles
+
+        opts: dict[str, Any] = {}
+        inbox = self.inbox_prefix
+        if self.creds_file:
+            token = creds.read_jwt(self.creds_file)  # checks the file is there, bounded and a creds file
+            creds.read_seed(self.creds_file)
+            opts["user_credentials"] = self.creds_file
+            who = roles.identity_of_tags(jwt.decode(token).nats.get("tags") or [])
+            if inbox is None and who is not None:
+                inbox = who.inbox
+        elif self.nkey_seed_file:
+            from remediator.identity import keys
+
+            keys.read_seed_file(self.nkey_seed_file, "user")
+            opts["nkeys_seed"] = self.nkey_seed_file
+        if inbox:
+            opts["inbox_prefix"] = inbox
+        if self.tls_ca or self.tls_cert:
+            opts["tls"] = _tls_context(self)
+        return opts
+
+
+def _tls_context(c: Credentials) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    try:
+        if c.tls_ca:
+            ctx.load_verify_locations(cafile=c.tls_ca)
+        if c.tls_cert:
+            if not c.tls_key:
+                raise ValueError("a TLS client certificate needs its key: set REMEDIATOR_NATS_TLS_KEY")
+            ctx.load_cert_chain(c.tls_cert, c.tls_key)
+    except (OSError, ssl.SSLError) as e:  # the message names the file, never its content
+        raise ValueError(f"NATS TLS files unusable ({type(e).__name__}: {getattr(e, 'strerror', None) or e}); "
+                         "check REMEDIATOR_NATS_TLS_CA/_CERT/_KEY") from None
+    return ctx
+
+
+_AUTH_OF: weakref.WeakKeyDictionary[NATS, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def auth_of(nc: NATS) -> dict[str, Any]:
+    """The identity options ``nc`` was connected with (for another connection as the same identity)."""
+    return dict(_AUTH_OF.get(nc, {}))
+
+
+def redact_url(url: str) -> str:
+    """``url`` (comma-separated servers) without any ``user:password@`` or token: what may be printed."""
+    return ",".join(re.sub(r"^([a-z+]+://)[^@/]*@", r"\1", u.strip()) for u in url.split(","))
+
+
+async def connect(url: str, name: str = "remediator", *, credentials: Credentials | None = None,
+                  **opts: Any) -> tuple[NATS, JetStreamContext]:
     """Connect to ``url`` (comma-separated servers allowed) and return the client and its JetStream context.
 
     Once connected the client reconnects forever, waiting at most 2 s between attempts, and buffers up to
     8 MiB of publishes while it does; the initial connection fails after one round over the servers so a
-    mistyped URL is reported, not retried forever. Connection changes are logged. ``opts`` override any of
+    mistyped URL is reported, not retried forever. Connection changes are logged (the URL without any
+    user:password). ``credentials`` say who connects (``Credentials.options``); ``opts`` override any of
     these (they are ``nats.connect`` options).
     """
+    shown = redact_url(url)
 
     async def on_error(e: Exception) -> None:
         log.warning("nats error: %s", e)
 
     async def on_disconnected() -> None:
         if not (nc.is_closed or nc.is_draining):  # our own close() disconnects too: not worth a warning
-            log.warning("nats disconnected from %s; reconnecting", url)
+            log.warning("nats disconnected from %s; reconnecting", shown)
 
     async def on_reconnected() -> None:
-        log.info("nats reconnected to %s", nc.connected_url.netloc if nc.connected_url else url)
+        log.info("nats reconnected to %s", redact_url(nc.connected_url.geturl()) if nc.connected_url else shown)
 
     async def on_closed() -> None:
         log.info("nats connection closed")
@@ -114,10 +201,35 @@ async def connect(url: str, name: str = "remediator", **opts: Any) -> tuple[NATS
         "reconnected_cb": on_reconnected,
         "closed_cb": on_closed,
     }
+    auth = credentials.options() if credentials is not None else {}
+    options.update(auth)
     options.update(opts)
     servers = [s.strip() for s in url.split(",") if s.strip()]
     nc = await nats.connect(servers, **options)
+    _AUTH_OF[nc] = auth
     return nc, nc.jetstream(timeout=5.0)
+
+
+async def connect_within(url: str, timeout_s: float, name: str = "remediator", *, quiet: bool = False,
+                         **opts: Any) -> tuple[NATS, JetStreamContext]:
+    """``connect``, giving up after ``timeout_s`` with a ``SetupError`` that names the servers, the last
+    connection error and the setting to check (nats-py retries an initial connection for as long as it may
+    reconnect, which for the service is forever). ``quiet`` (one-shot commands): connection errors are
+    logged at DEBUG instead of WARNING, and the last one is named in the error."""
+    last: list[BaseException] = []
+
+    async def remember(e: Exception) -> None:
+        last[:] = [e]
+        log.debug("nats: %s", e)
+
+    if quiet:
+        opts["error_cb"] = remember
+    try:
+        return await asyncio.wait_for(connect(url, name=name, **opts), timeout_s)
+    except (TimeoutError, nats.errors.NoServersError, OSError) as e:
+        why = last[0] if last else e
+        raise SetupError(f"cannot reach NATS at {url} within {timeout_s:g}s ({type(why).__name__}: {why}); "
+                         "check --nats URL / REMEDIATOR_NATS_URL and that the servers are up") from e
 
 
 async def bus_ready(nc: NATS, js: JetStreamContext, *, timeout: float = 1.0) -> bool:  # noqa: ASYNC109
@@ -136,12 +248,24 @@ async def bus_ready(nc: NATS, js: JetStreamContext, *, timeout: float = 1.0) -> 
 # --- provisioning ---------------------------------------------------------------------------------
 
 
+class BusNotProvisioned(SetupError):
+    """The bus lacks a stream, KV bucket or durable consumer the service needs, or holds one whose settings
+    are incompatible with it (``verify``). ``problems`` names each; the message says how to fix it."""
+
+    def __init__(self, problems: list[str], replicas: int) -> None:
+        self.problems = problems
+        self.replicas = replicas
+        super().__init__(f"the bus is not provisioned for this service: {'; '.join(problems)}; run "
+                         f"`remediator bus init --replicas {replicas}` against it (REMEDIATOR_BUS_REPLICAS "
+                         "says how many replicas the service expects)")
+
+
 @dataclass(frozen=True)
 class _StreamSpec:
     config: js_api.StreamConfig
-    # fields compared with the server's config to decide whether an update is needed
+    # fields compared with the server's config to decide whether an update is needed (replicas apart)
     compared: tuple[str, ...] = ("subjects", "retention", "storage", "duplicate_window", "max_age",
-                                 "max_bytes", "discard", "num_replicas")
+                                 "max_bytes", "discard")
 
 
 def _stream_specs(settings: Settings, replicas: int) -> list[_StreamSpec]:
@@ -183,6 +307,11 @@ def _stream_specs(settings: Settings, replicas: int) -> list[_StreamSpec]:
     ]
 
 
+def _bucket_specs(settings: Settings) -> list[tuple[str, int, float | None]]:
+    """(bucket, history, TTL) of every KV bucket."""
+    return [(subjects.STATE_BUCKET, 5, None), (subjects.LOCKS_BUCKET, 1, float(settings.lock_ttl_s))]
+
+
 def _consumer_specs(settings: Settings) -> list[tuple[str, js_api.ConsumerConfig]]:
     def pull(name: str, description: str, ack_wait: float, max_ack_pending: int) -> js_api.ConsumerConfig:
         return js_api.ConsumerConfig(
@@ -194,10 +323,15 @@ def _consumer_specs(settings: Settings) -> list[tuple[str, js_api.ConsumerConfig
 
     return [
         (subjects.FAULTS_STREAM,
-         pull(DISPATCH_CONSUMER, "fault events to handlers", DISPATCH_ACK_WAIT_S, DISPATCH_MAX_ACK_PENDING)),
+         pull(DISPATCH_CONSUMER, "fault events to handlers", float(settings.dispatch_ack_wait_s),
+              DISPATCH_MAX_ACK_PENDING)),
         (subjects.REMEDIATIONS_STREAM,
-         pull(EXECUTOR_CONSUMER, "decisions to the executor", EXECUTOR_ACK_WAIT_S, EXECUTOR_MAX_ACK_PENDING)),
+         pull(EXECUTOR_CONSUMER, "decisions to the executor", float(settings.executor_ack_wait_s),
+              EXECUTOR_MAX_ACK_PENDING)),
     ]
+
+
+_CONSUMER_FIELDS = ("ack_policy", "ack_wait", "max_deliver", "max_ack_pending", "deliver_policy")
 
 
 def _differences(want: Any, have: Any, fields: tuple[str, ...]) -> list[str]:
@@ -223,87 +357,169 @@ def _show(v: Any) -> str:
     return str(v)
 
 
-async def _ensure_stream(js: JetStreamContext, spec: _StreamSpec) -> str | None:
+def _replicas_of(config: js_api.StreamConfig) -> int:
+    return int(config.num_replicas or 1)
+
+
+def _replica_change(kind: str, name: str, have: int, want: int, lower: bool) -> tuple[int, str | None]:
+    """The replica count to keep for an existing stream or bucket, and a line when it differs from
+    ``want``: raised when asked for more, lowered only when ``lower``, else kept and reported."""
+    if want > have or (want < have and lower):
+        return want, f"num_replicas {have} -> {want}"
+    if want < have:
+        return have, (f"drift: {kind} {name} keeps {have} replicas (bus init asked for {want}; "
+                      "--allow-lower-replicas lowers it)")
+    return have, None
+
+
+async def _ensure_stream(js: JetStreamContext, spec: _StreamSpec, *, lower: bool) -> list[str]:
     name = spec.config.name
     assert name is not None
     try:
         info = await js.stream_info(name)
     except NotFoundError:
         await js.add_stream(spec.config)
-        return f"created stream {name} ({', '.join(spec.config.subjects or [])})"
+        return [f"created stream {name} ({', '.join(spec.config.subjects or [])}, "
+                f"{spec.config.num_replicas} replica(s))"]
     diffs = _differences(spec.config, info.config, spec.compared)
+    replicas, line = _replica_change("stream", name, _replicas_of(info.config), _replicas_of(spec.config), lower)
+    notes: list[str] = []
+    if line and line.startswith("drift:"):
+        notes.append(line)
+    elif line:
+        diffs.append(line)
     if not diffs:
-        return None
-    await js.update_stream(spec.config)
-    return f"updated stream {name}: {'; '.join(diffs)}"
+        return notes
+    config = dataclasses.replace(spec.config, num_replicas=replicas)
+    await js.update_stream(config)
+    return [f"updated stream {name}: {'; '.join(diffs)}", *notes]
 
 
 async def _ensure_bucket(js: JetStreamContext, bucket: str, *, history: int, ttl_s: float | None,
-                         replicas: int) -> str | None:
+                         replicas: int, lower: bool) -> list[str]:
     stream = f"KV_{bucket}"
     try:
         info = await js.stream_info(stream)
     except NotFoundError:
         await js.create_key_value(js_api.KeyValueConfig(
             bucket=bucket, history=history, ttl=ttl_s, storage=js_api.StorageType.FILE, replicas=replicas))
-        return f"created KV bucket {bucket} (history {history}" + (f", ttl {ttl_s:g}s)" if ttl_s else ")")
-    want = js_api.StreamConfig(max_msgs_per_subject=history, max_age=float(ttl_s or 0),
-                               num_replicas=replicas)
-    diffs = _differences(want, info.config, ("max_msgs_per_subject", "max_age", "num_replicas"))
+        return [f"created KV bucket {bucket} (history {history}" + (f", ttl {ttl_s:g}s" if ttl_s else "")
+                + f", {replicas} replica(s))"]
+    want = js_api.StreamConfig(max_msgs_per_subject=history, max_age=float(ttl_s or 0))
+    diffs = _differences(want, info.config, ("max_msgs_per_subject", "max_age"))
+    kept, line = _replica_change("KV bucket", bucket, _replicas_of(info.config), replicas, lower)
+    notes: list[str] = []
+    if line and line.startswith("drift:"):
+        notes.append(line)
+    elif line:
+        diffs.append(line)
     if not diffs:
-        return None
+        return notes
     config = info.config
     config.max_msgs_per_subject = history
     config.max_age = float(ttl_s or 0)
-    config.num_replicas = replicas
+    config.num_replicas = kept
     await js.update_stream(config)
-    return f"updated KV bucket {bucket}: {'; '.join(diffs)}"
+    return [f"updated KV bucket {bucket}: {'; '.join(diffs)}", *notes]
 
 
-async def _ensure_consumer(js: JetStreamContext, stream: str, config: js_api.ConsumerConfig) -> str | None:
+async def _ensure_consumer(js: JetStreamContext, stream: str, config: js_api.ConsumerConfig, *,
+                           reset: bool) -> list[str]:
     name = config.durable_name
     assert name is not None
     try:
         info = await js.consumer_info(stream, name)
     except NotFoundError:
         await js.add_consumer(stream, config)
-        return (f"created consumer {stream}/{name} (explicit ack, ack_wait {config.ack_wait:g}s, "
-                f"max_deliver {config.max_deliver})")
-    diffs = _differences(config, info.config,
-                         ("ack_policy", "ack_wait", "max_deliver", "max_ack_pending", "deliver_policy"))
+        return [f"created consumer {stream}/{name} (explicit ack, ack_wait {config.ack_wait:g}s, "
+                f"max_deliver {config.max_deliver})"]
+    diffs = _differences(config, info.config, _CONSUMER_FIELDS)
     if not diffs:
-        return None
+        return []
+    if not reset:  # an operator may have tuned it (`nats consumer edit`): reported, never undone
+        return [f"drift: consumer {stream}/{name} kept as it is on the server ({'; '.join(diffs)} declared); "
+                "--reset-consumers applies the declared values"]
     # Same durable name, editable fields: the server updates the consumer in place, keeping its position.
     await js.add_consumer(stream, config)
-    return f"updated consumer {stream}/{name}: {'; '.join(diffs)}"
+    return [f"updated consumer {stream}/{name}: {'; '.join(diffs)}"]
 
 
-async def provision(js: JetStreamContext, settings: Settings, *, replicas: int = 1) -> list[str]:
+async def provision(js: JetStreamContext, settings: Settings, *, replicas: int | None = None,
+                    lower_replicas: bool = False, reset_consumers: bool = False) -> list[str]:
     """Declare the streams, KV buckets and durable consumers of DESIGN.md §4; idempotent.
 
-    Returns one line per stream, bucket or consumer it created or updated (empty when everything already
-    matched). An existing stream whose configuration differs in a compared field (subjects, retention,
-    storage, duplicate window, age/size limits, replicas) is updated in place; the server refuses changes
-    it cannot make (storage type, work-queue retention) and that error is raised unchanged.
-    ``replicas`` is 1 on a single server and 3 on a production NATS cluster.
+    Returns one line per stream, bucket or consumer it created or updated, and one ``drift: ...`` line per
+    difference it found and kept (empty when everything already matched). What is missing is created with
+    ``replicas`` (default ``settings.bus_replicas``: 1 on a single server, 3 on a production cluster). An
+    existing stream whose configuration differs in a compared field (subjects, retention, storage, duplicate
+    window, age/size limits) is updated in place, and its replicas raised to ``replicas``; they are never
+    lowered unless ``lower_replicas``. An existing durable consumer is never changed unless
+    ``reset_consumers`` (an operator's tuned ack wait stays); its differences are reported. The server
+    refuses changes it cannot make (storage type, work-queue retention) and that error is raised unchanged.
     """
+    want = settings.bus_replicas if replicas is None else replicas
     done: list[str] = []
-    for spec in _stream_specs(settings, replicas):
-        line = await _ensure_stream(js, spec)
-        if line:
-            done.append(line)
-    for bucket, history, ttl in ((subjects.STATE_BUCKET, 5, None),
-                                 (subjects.LOCKS_BUCKET, 1, float(settings.lock_ttl_s))):
-        line = await _ensure_bucket(js, bucket, history=history, ttl_s=ttl, replicas=replicas)
-        if line:
-            done.append(line)
+    for spec in _stream_specs(settings, want):
+        done += await _ensure_stream(js, spec, lower=lower_replicas)
+    for bucket, history, ttl in _bucket_specs(settings):
+        done += await _ensure_bucket(js, bucket, history=history, ttl_s=ttl, replicas=want, lower=lower_replicas)
     for stream, config in _consumer_specs(settings):
-        line = await _ensure_consumer(js, stream, config)
-        if line:
-            done.append(line)
+        done += await _ensure_consumer(js, stream, config, reset=reset_consumers)
     for line in done:
-        log.info("bus: %s", line)
+        (log.warning if line.startswith("drift:") else log.info)("bus: %s", line)
     return done
+
+
+async def verify(js: JetStreamContext, settings: Settings, *, replicas: int | None = None,
+                 consumers: bool = True) -> None:
+    """Check, changing nothing, that the bus holds what ``provision`` declares with settings this service
+    can run on; raise ``BusNotProvisioned`` naming every problem.
+
+    Compatible means: every stream and KV bucket exists with its subjects, retention and storage and at
+    least ``replicas`` replicas (default ``settings.bus_replicas``); the lock bucket's TTL is set; with
+    ``consumers``, both durable consumers exist with explicit acks and at least ``settings.max_deliver``
+    deliveries (fewer would drop a message the service means to dead-letter). Anything else an operator
+    tuned (ack wait, pending limits, retention ages) is theirs. ``serve`` and ``agent`` call this; only
+    ``bus init`` (and ``serve`` on its embedded development server) provisions.
+    """
+    want = settings.bus_replicas if replicas is None else replicas
+    problems: list[str] = []
+    for spec in _stream_specs(settings, want):
+        name = spec.config.name
+        assert name is not None
+        try:
+            have = (await js.stream_info(name)).config
+        except NotFoundError:
+            problems.append(f"stream {name} is missing")
+            continue
+        diffs = _differences(spec.config, have, ("subjects", "retention", "storage"))
+        if diffs:
+            problems.append(f"stream {name} differs: {'; '.join(d.replace(' -> ', ', declared ') for d in diffs)}")
+        if _replicas_of(have) < want:
+            problems.append(f"stream {name} has {_replicas_of(have)} replica(s), fewer than {want}")
+    for bucket, _history, ttl in _bucket_specs(settings):
+        try:
+            have = (await js.stream_info(f"KV_{bucket}")).config
+        except NotFoundError:
+            problems.append(f"KV bucket {bucket} is missing")
+            continue
+        if _replicas_of(have) < want:
+            problems.append(f"KV bucket {bucket} has {_replicas_of(have)} replica(s), fewer than {want}")
+        if ttl and not have.max_age:
+            problems.append(f"KV bucket {bucket} has no TTL (declared {ttl:g}s)")
+    for stream, config in _consumer_specs(settings) if consumers else []:
+        try:
+            c = (await js.consumer_info(stream, config.durable_name or "")).config
+        except NotFoundError:
+            problems.append(f"consumer {stream}/{config.durable_name} is missing")
+            continue
+        if c.ack_policy != js_api.AckPolicy.EXPLICIT:
+            problems.append(f"consumer {stream}/{config.durable_name} does not ack explicitly")
+        if c.max_deliver not in (None, -1) and int(c.max_deliver or 0) < settings.max_deliver:
+            problems.append(f"consumer {stream}/{config.durable_name} delivers at most {c.max_deliver} times, "
+                            f"fewer than max_deliver {settings.max_deliver}")
+    if problems:
+        raise BusNotProvisioned(problems, want)
 
 
 async def provision_at(url: str, settings: Settings, *, name: str = "remediator-provision") -> list[str]:

@@ -82,7 +82,7 @@ from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from remediator.bus import DISPATCH_CONSUMER, EXECUTOR_CONSUMER
+from remediator.bus import DISPATCH_CONSUMER, EXECUTOR_CONSUMER, auth_of
 from remediator.subjects import FAULTS_STREAM, FAULTS_WILDCARD, REMEDIATIONS_STREAM, REMEDIATIONS_WILDCARD
 
 log = logging.getLogger(__name__)
@@ -103,6 +103,7 @@ __all__ = [
     "declare_dispatch",
     "declare_executor",
     "install_fetch_timeout_translation",
+    "missing",
     "node_token_of",
     "run_until",
     "start",
@@ -176,18 +177,26 @@ async def _the_delivery(message: StreamMessage[Any]) -> Any:
 # --- declaring ---------------------------------------------------------------------------------------
 
 
-def consumer_broker(url: str, *, name: str, graceful_timeout: float = GRACEFUL_STOP_S) -> NatsBroker:
+def consumer_broker(url: str, *, name: str, graceful_timeout: float = GRACEFUL_STOP_S,
+                    auth: dict[str, Any] | None = None) -> NatsBroker:
     """A faststream broker for the consumers, with its own connection to ``url`` (comma-separated servers).
 
     Connection behaviour follows ``bus.connect``: reconnect forever, 2 s apart; the first connection gives up
     after one round. ``AckPolicy.MANUAL`` is also the broker default, so no subscriber falls back to
     faststream's. Per-message access logs go to this module's logger at DEBUG. Building one installs the
-    fetch-timeout translation (``install_fetch_timeout_translation``).
+    fetch-timeout translation (``install_fetch_timeout_translation``). ``auth``: the identity options of
+    ``bus.Credentials.options`` (``bus.auth_of`` of a connection), so the broker connects as that identity.
     """
     install_fetch_timeout_translation()  # the pull loops of this broker's subscribers fetch through it
     servers = [s.strip() for s in url.split(",") if s.strip()]
+    identity = dict(auth or {})
+    tls = identity.pop("tls", None)
+    if tls is not None:
+        from faststream.security import BaseSecurity
+
+        identity["security"] = BaseSecurity(ssl_context=tls)
     return NatsBroker(
-        servers, name=name, allow_reconnect=True, max_reconnect_attempts=-1, reconnect_time_wait=2,
+        servers, name=name, **identity, allow_reconnect=True, max_reconnect_attempts=-1, reconnect_time_wait=2,
         connect_timeout=2, ping_interval=20, max_outstanding_pings=3, graceful_timeout=graceful_timeout,
         ack_policy=ACK_POLICY, apply_types=False, decoder=_the_delivery, logger=log, log_level=logging.DEBUG,
     )
@@ -196,7 +205,7 @@ def consumer_broker(url: str, *, name: str, graceful_timeout: float = GRACEFUL_S
 def broker_like(nc: NATS, role: str) -> NatsBroker:
     """A ``consumer_broker`` for the servers ``nc`` knows, named after ``nc`` and ``role``."""
     url = ",".join(u.geturl() for u in nc.servers)
-    return consumer_broker(url, name=f"{nc.options.get('name') or 'remediator'}-{role}")
+    return consumer_broker(url, name=f"{nc.options.get('name') or 'remediator'}-{role}", auth=auth_of(nc))
 
 
 def declare_dispatch(broker: NatsBroker, dispatcher: MessageConsumer, *,
@@ -271,6 +280,21 @@ def install_fetch_timeout_translation() -> None:
     """
     JetStreamContext.PullSubscription.fetch = translate_fetch_timeouts(  # type: ignore[method-assign]
         JetStreamContext.PullSubscription.fetch)
+
+
+async def missing(js: JetStreamContext, bindings: tuple[Binding, ...] = (DISPATCH, EXECUTOR)) -> str | None:
+    """None when every durable consumer of ``bindings`` exists; else one line naming the missing ones and
+    the fix (a readiness probe: a deleted consumer stops that half of the pipeline, which must not be
+    silent). Other errors (the bus is away) propagate."""
+    gone = []
+    for b in bindings:
+        try:
+            await js.consumer_info(b.stream, b.durable)
+        except NotFoundError:
+            gone.append(f"{b.stream}/{b.durable}")
+    if not gone:
+        return None
+    return f"durable consumer(s) {', '.join(gone)} do not exist; run `remediator bus init` to re-create them"
 
 
 async def start(broker: NatsBroker, js: JetStreamContext, bindings: tuple[Binding, ...]) -> None:

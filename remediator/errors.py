@@ -15,7 +15,7 @@ Nothing here imports anything of the project.
 
 from __future__ import annotations
 
-__all__ = ["Conflict", "PermanentError", "RemediatorError", "TemporaryError"]
+__all__ = ["Conflict", "PermanentError", "RemediatorError", "SetupError", "TemporaryError"]
 
 
 class RemediatorError(Exception):
@@ -37,3 +37,9 @@ class Conflict(TemporaryError):
 
 class PermanentError(RemediatorError):
     """Retrying cannot help: the message goes to the dead-letter subject and is terminated."""
+
+
+class SetupError(RemediatorError):
+    """A process cannot start, or a command cannot do its work, because of how it was set up: a missing
+    kubeconfig, an unprovisioned bus, an unreachable server. The message is one line that names the flag or
+    setting that fixes it; the command line prints just that (the traceback only with ``--debug``)."""

@@ -47,6 +47,7 @@ class ServiceMetrics:
         "remediator_runs_in_progress": ("gauge", "Playbook runs started here and not finished yet."),
         "remediator_decision_to_first_action_seconds": (
             "summary", "Time from a decision to its playbook's first completed step."),
+        "remediator_ready": ("gauge", "1 while a readiness condition (bus, consumers, kubernetes) holds."),
     }
 
     def __init__(self, pending_limit: int = 10_000) -> None:
@@ -61,6 +62,7 @@ class ServiceMetrics:
         self._latency_sum = 0.0
         self._latency_count = 0
         self._pending_limit = pending_limit
+        self._ready: dict[str, float] = {}
 
     def _inc(self, name: str, labels: _Labels = (), n: float = 1.0) -> None:
         self._counters[(name, labels)] = self._counters.get((name, labels), 0.0) + n
@@ -107,6 +109,11 @@ class ServiceMetrics:
                 self._gauges["remediator_breaker_open"] = 0.0
             self._gauges["remediator_runs_in_progress"] = float(len(self._running))
 
+    def set_ready(self, condition: str, ok: bool) -> None:
+        """Record a readiness condition as last probed (``remediator.readiness``)."""
+        with self._lock:
+            self._ready[condition] = 1.0 if ok else 0.0
+
     def _remember(self, table: OrderedDict[str, _V], incident: str, value: _V) -> None:
         table[incident] = value
         table.move_to_end(incident)
@@ -120,6 +127,9 @@ class ServiceMetrics:
                 by_name.setdefault(name, []).append(f"{name}{_fmt(labels)} {value:g}")
             for name, value in self._gauges.items():
                 by_name.setdefault(name, []).append(f"{name} {value:g}")
+            for condition, value in sorted(self._ready.items()):
+                by_name.setdefault("remediator_ready", []).append(
+                    f"remediator_ready{_fmt((('condition', condition),))} {value:g}")
             summary = "remediator_decision_to_first_action_seconds"
             by_name[summary] = [f"{summary}_sum {self._latency_sum:g}", f"{summary}_count {self._latency_count}"]
         out: list[str] = []

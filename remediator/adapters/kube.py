@@ -388,6 +388,23 @@ class KubeAdapter:
         """Release the connection pool."""
         self._api.close()
 
+    def ping(self, timeout_s: float = 3.0) -> None:
+        """One ``GET /version`` within ``timeout_s``, outside the rate limit and never retried (readiness:
+        every authenticated identity may read it). Raises ``KubeError`` saying what went wrong."""
+        m, url, hdrs, payload, _ = self._api.param_serialize(
+            method="GET", resource_path="/version", header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"])
+        try:
+            resp = self._api.call_api(m, url, header_params=hdrs, body=payload,
+                                      _request_timeout=(timeout_s, timeout_s))
+            resp.read()
+        except ApiException as e:
+            raise KubeTemporaryError(f"GET /version: {e.reason}") from e
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            raise KubeTemporaryError(f"GET /version: {type(e).__name__}: {e}") from e
+        if not 200 <= int(resp.status) < 300:
+            raise KubeTemporaryError(f"GET /version: {resp.status}", status=int(resp.status))
+
     def __enter__(self) -> KubeAdapter:
         return self
 
@@ -1406,6 +1423,10 @@ class AsyncKube:
         context = contextvars.copy_context()
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, functools.partial(context.run, fn, *args, **kwargs))
+
+    async def ping(self, timeout_s: float = 3.0) -> None:
+        """``KubeAdapter.ping`` on a thread of its own, so a pool busy with drains never delays it."""
+        await asyncio.to_thread(self.sync.ping, timeout_s)
 
     def close(self) -> None:
         """Stop the worker threads and release the adapter's connection pool."""

@@ -3,7 +3,9 @@
 Where it sits: on top of everything. Each subcommand lives in its own module under
 ``remediator.cli`` (or ``chaos``) and is imported only when invoked, so ``serve`` and ``agent`` on a
 real node never load the chaos package. Conventions (DESIGN.md §10): with ``--json`` standard output is
-exactly one JSON document; progress and tables go to standard error.
+exactly one JSON document; progress and tables go to standard error. A failure is one line on standard
+error naming the fix, exit status 1 (``remediator.cli.edges``); ``--debug`` (before the command, or
+``REMEDIATOR_DEBUG=1``) shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -40,6 +42,18 @@ class _LazyGroup(click.Group):
     def _available(name: str) -> bool:
         return importlib.util.find_spec(_COMMANDS[name].split(":")[0]) is not None
 
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as exc:
+            if ctx.params.get("debug"):
+                raise
+            from remediator.cli.edges import one_line
+
+            raise click.ClickException(one_line(exc)) from exc
+
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         target = _COMMANDS.get(name)
         if target is None or not self._available(name):
@@ -52,7 +66,9 @@ class _LazyGroup(click.Group):
 
 @click.group(cls=_LazyGroup)
 @click.version_option(package_name="gpu-remediator")
-def main() -> None:
+@click.option("--debug", is_flag=True, envvar="REMEDIATOR_DEBUG",
+              help="Show the traceback of a failure instead of one line (env REMEDIATOR_DEBUG).")
+def main(debug: bool) -> None:
     """gpu-remediator: heals GPU clusters on Kubernetes, behind safety rails, with an audit trail."""
 
 

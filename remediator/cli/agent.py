@@ -16,18 +16,24 @@ import shlex
 import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import click
 
 DEFAULT_STATE_DIR = "/var/lib/gpu-remediator/agent"
+AGENT_STOP_S = 15.0  # after SIGTERM/SIGINT the agent exits within this, stopped cleanly or not
 
 
 @click.command("agent")
 @click.option("--node", required=True, help="Kubernetes node name this agent speaks for.")
 @click.option("--nats", "nats_url", envvar="REMEDIATOR_NATS_URL", default="nats://127.0.0.1:4222",
               show_default=True, metavar="URL", help="NATS server URL(s), comma-separated.")
+@click.option("--creds", "creds_file", envvar="REMEDIATOR_NATS_CREDS_FILE", default=None, metavar="FILE",
+              type=click.Path(dir_okay=False, exists=True),
+              help="This node's NATS .creds file (`remediator bus creds --role agent --node NAME`); its key also "
+                   "signs replies unless --signing-seed names another.")
 @click.option("--kmsg", "kmsg_path", default=None, metavar="PATH",
               help="Kernel log: /dev/kmsg, a kmsg-format file, or a dmesg/syslog text file that grows.")
 @click.option("--journal", is_flag=True, help="Follow `journalctl -k -o json` (look-back 2 h without a cursor).")
@@ -55,13 +61,21 @@ DEFAULT_STATE_DIR = "/var/lib/gpu-remediator/agent"
 @click.option("--boot-id-path", default="/proc/sys/kernel/random/boot_id", hidden=True)
 @click.option("--proc-root", default="/proc", hidden=True)
 @click.option("--kubelet-pods-dir", default="/var/lib/kubelet/pods", hidden=True)
+@click.option("--trust-key", "trust_keys", multiple=True, envvar="REMEDIATOR_TRUST_KEYS", metavar="PUBKEY",
+              help="Public nkey of the service whose signed commands this agent runs (repeatable; env: "
+                   "comma- or space-separated). Without one every command is refused.")
+@click.option("--signing-seed", "signing_seed_file", default=None, metavar="FILE",
+              type=click.Path(dir_okay=False, exists=True),
+              help="Seed or .creds file of the key replies are signed with (default: <state>/identity/agent.nk, "
+                   "made once).")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-def agent(node: str, nats_url: str, kmsg_path: str | None, journal: bool, nvml: bool, sim_gpus: int | None,
-          pod_logs: str | None, spool_dir: str | None, state_dir: str | None, interval_s: float,
+def agent(node: str, nats_url: str, creds_file: str | None, kmsg_path: str | None, journal: bool, nvml: bool,
+          sim_gpus: int | None, pod_logs: str | None, spool_dir: str | None, state_dir: str | None, interval_s: float,
           spool_max_bytes: int, reboot_command: str | None, health_command: str | None,
           nvml_xid_events: bool | None, nvml_library: str | None, boot_id_path: str, proc_root: str,
-          kubelet_pods_dir: str, log_level: str) -> None:
+          kubelet_pods_dir: str, trust_keys: tuple[str, ...], signing_seed_file: str | None,
+          log_level: str) -> None:
     """The node agent: kernel-log Xid watcher, NVML poller, container-log scanner, orphan check and
     command responder for one node, publishing to faults.agent.<node> (spooling while NATS is down)."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
@@ -69,6 +83,13 @@ def agent(node: str, nats_url: str, kmsg_path: str | None, journal: bool, nvml: 
     _skip_websocket_transport(nats_url)
     if nvml and sim_gpus:
         raise click.UsageError("--nvml and --sim-gpus exclude each other")
+    if kmsg_path is not None and not Path(kmsg_path).exists():
+        raise click.UsageError(f"--kmsg {kmsg_path}: no such file (the kernel log is /dev/kmsg on a node)")
+    if pod_logs is not None and not Path(pod_logs).is_dir():
+        raise click.UsageError(f"--pod-logs {pod_logs}: no such directory (container logs are /var/log/pods)")
+    if not (kmsg_path or journal or nvml or sim_gpus or pod_logs):
+        raise click.UsageError("nothing to watch: pass --kmsg PATH, --journal, --nvml, --pod-logs DIR "
+                               "or --sim-gpus N")
     tmp: tempfile.TemporaryDirectory[str] | None = None
     if state_dir is None:
         if sim_gpus:
@@ -80,6 +101,8 @@ def agent(node: str, nats_url: str, kmsg_path: str | None, journal: bool, nvml: 
         "node": node, "state_dir": state_dir, "nats_url": nats_url, "spool_dir": spool_dir,
         "kmsg_path": kmsg_path, "journal": journal, "pod_logs_dir": pod_logs, "boot_id_path": boot_id_path,
         "nvml_interval_s": interval_s, "nvml_xid_events": nvml_xid_events, "spool_max_bytes": spool_max_bytes,
+        "signing_seed_file": signing_seed_file or creds_file, "creds_file": creds_file,
+        "trust_keys": tuple(k for entry in trust_keys for k in entry.replace(",", " ").split()),
     }
     try:
         asyncio.run(_run(options, nvml=nvml, sim_gpus=sim_gpus, nvml_library=nvml_library,
@@ -135,12 +158,30 @@ async def _run(options: dict[str, Any], *, nvml: bool, sim_gpus: int | None, nvm
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    signalled: list[float] = []
+
+    def on_signal() -> None:  # during start too (NATS away): the first signal stops, a second exits now
+        if signalled:
+            os._exit(1)
+        signalled.append(time.monotonic())
+        loop.call_later(AGENT_STOP_S, os._exit, 1)
+        stop.set()
+        if not started:
+            main_task.cancel()
+
+    started = False
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await agent_obj.start()
-    log.info("agent %s running (pid %d); SIGTERM or SIGINT stops it", options["node"], os.getpid())
+        loop.add_signal_handler(sig, on_signal)
     try:
+        await agent_obj.start()
+        started = True
+        log.info("agent %s running (pid %d); SIGTERM or SIGINT stops it", options["node"], os.getpid())
         await stop.wait()
+    except asyncio.CancelledError:
+        if not signalled:
+            raise
     finally:
         log.info("agent %s stopping", options["node"])
         await agent_obj.stop()

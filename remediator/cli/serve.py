@@ -9,12 +9,15 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import signal
 import sys
+import time
 from typing import Any
 
 import click
 
+from remediator.cli.edges import load_settings
 from remediator.settings import Settings
 
 
@@ -23,19 +26,21 @@ from remediator.settings import Settings
 @click.option("--nats", "nats_url", default=None, help="NATS URL (default: REMEDIATOR_NATS_URL, else embedded).")
 @click.option("--http", "http", default=None, help="HOST:PORT for the HTTP API (default 127.0.0.1:8080).")
 @click.option("--dry-run", is_flag=True, default=None, help="Record what would be done; touch nothing.")
-@click.option("--data-dir", default=None, help="Persistent JetStream store for the embedded nats-server.")
+@click.option("--data-dir", default=None,
+              help="Persistent store of the embedded nats-server: JetStream and its operator, account and role "
+                   "credentials (DIR/identity, mode 0600).")
+@click.option("--nats-port", type=click.IntRange(1, 65535), default=None,
+              help="Port of the embedded nats-server (default: a free one).")
 @click.option("--log-level", default="INFO", show_default=True)
 def serve(kubeconfig: str | None, nats_url: str | None, http: str | None, dry_run: bool | None,
-          data_dir: str | None, log_level: str) -> None:
+          data_dir: str | None, nats_port: int | None, log_level: str) -> None:
     """Run the service: ingest, handlers and executor against one cluster."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}')
-    given = {"kubeconfig": kubeconfig, "nats_url": nats_url, "http": http, "dry_run": dry_run, "data_dir": data_dir}
+    given = {"kubeconfig": kubeconfig, "nats_url": nats_url, "http": http, "dry_run": dry_run, "data_dir": data_dir,
+             "nats_port": nats_port}
     overrides: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
-    try:
-        settings = Settings(**overrides)
-    except Exception as exc:
-        raise click.UsageError(str(exc)) from exc
+    settings = load_settings(**overrides)
     try:
         import uvloop
 
@@ -45,19 +50,48 @@ def serve(kubeconfig: str | None, nats_url: str | None, http: str | None, dry_ru
 
 
 async def _serve(settings: Settings) -> None:
+    """Run one replica until SIGTERM/SIGINT. The first signal cancels whatever runs (starting included:
+    connecting to a NATS that is away) and stops every part within ``shutdown_timeout_s``; past that, or on
+    a second signal, the embedded nats-server is killed and the process exits at once (status 1)."""
+    from remediator.bus import redact_url
     from remediator.service import Service
 
+    log = logging.getLogger("remediator.serve")
     service = Service(settings)
     loop = asyncio.get_running_loop()
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    stopping: list[float] = []
+
+    def force_exit(why: str) -> None:
+        log.error("%s; exiting now", why)
+        if service.nats is not None:  # never orphan the embedded server
+            service.nats.kill()
+        os._exit(1)
+
+    def on_signal(sig: signal.Signals) -> None:
+        if stopping:
+            force_exit(f"second {sig.name}")
+        stopping.append(time.monotonic())
+        log.info("%s: stopping (at most %gs)", sig.name, settings.shutdown_timeout_s)
+        loop.call_later(settings.shutdown_timeout_s, force_exit,
+                        f"not stopped within shutdown_timeout_s={settings.shutdown_timeout_s:g}s")
+        main_task.cancel()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(service.stop()))
-    await service.start()
-    # Everything allocated so far lives for the whole process: keep it out of the collector's way
-    # (full collections cost about 15 % of the ingest path's CPU otherwise).
-    gc.collect()
-    gc.freeze()
-    click.echo(f"remediator serving on {service.http_url}, bus {service.nats_url}", err=True)
+        loop.add_signal_handler(sig, on_signal, sig)
     try:
+        await service.start()
+        # Everything allocated so far lives for the whole process: keep it out of the collector's way
+        # (full collections cost about 15 % of the ingest path's CPU otherwise).
+        gc.collect()
+        gc.freeze()
+        click.echo(f"remediator serving on {service.http_url}, bus {redact_url(service.nats_url)}", err=True)
         await service.wait()
+    except asyncio.CancelledError:
+        if not stopping:
+            raise
     finally:
         await service.stop()
+        if stopping:
+            click.echo(f"remediator stopped {time.monotonic() - stopping[0]:.1f}s after the signal", err=True)

@@ -391,7 +391,8 @@ class _Ingest:
 
 def create_app(*, settings: Settings, nc: NATS, js: JetStreamContext, audit: AuditLog | None = None,
                on_event: OnEvent | None = None, publish_timeout: float = 5.0, retry_after_s: int = 5,
-               service_metrics: Callable[[], bytes] | None = None) -> FastAPI:
+               service_metrics: Callable[[], bytes] | None = None,
+               readiness: Callable[[], dict[str, object]] | None = None) -> FastAPI:
     """The ingest API over an open NATS connection.
 
     ``service_metrics`` renders the rest of the replica's Prometheus series (``remediator.metrics``),
@@ -399,6 +400,8 @@ def create_app(*, settings: Settings, nc: NATS, js: JetStreamContext, audit: Aud
     ``audit`` receives ``duplicate_ignored`` and ``event_ignored`` records (none when None);
     ``on_event(event)`` (sync or async) is called for each newly accepted event after its ack.
     ``publish_timeout`` bounds the wait for JetStream's ack of each event before answering 503.
+    ``readiness`` (``remediator.readiness.Readiness.report``) answers ``/readyz``; without it ``/readyz``
+    probes the bus alone.
     The app needs no lifespan: the caller owns the connection.
     """
     ingest = _Ingest(settings, nc, js, audit, on_event, publish_timeout, retry_after_s)
@@ -419,7 +422,14 @@ def create_app(*, settings: Settings, nc: NATS, js: JetStreamContext, audit: Aud
 
     @app.get("/readyz", response_class=Response)
     async def readyz() -> Response:
-        """200 only while NATS is connected and JetStream answers for FAULTS."""
+        """200 only while every readiness condition holds (the bus, the durable consumers, the Kubernetes
+        API; ``remediator.readiness``); else 503 with a JSON body naming each condition and what is wrong."""
+        if readiness is not None:
+            report = readiness()
+            body = orjson.dumps(report)
+            if report.get("ready"):
+                return Response(body, media_type=_JSON)
+            return Response(body, status_code=503, media_type=_JSON, headers={"Retry-After": str(retry_after_s)})
         if await bus_ready(nc, js):
             return Response(b'{"ready":true}', media_type=_JSON)
         return Response(b'{"ready":false}', status_code=503, media_type=_JSON,

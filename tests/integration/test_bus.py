@@ -42,7 +42,7 @@ async def conn(nats_server: EmbeddedNats) -> AsyncIterator[tuple[bus.NATS, bus.J
 async def test_provision_is_idempotent_and_declares_section_4(conn: tuple, settings: Settings) -> None:
     _nc, js = conn
     first = await bus.provision(js, settings)
-    assert len(first) == 8 and all(line.startswith("created") for line in first)
+    assert len(first) == 9 and all(line.startswith("created") for line in first)  # 5 streams, 2 buckets, 2 consumers
     assert await bus.provision(js, settings) == []  # the second run changes nothing
 
     faults = (await js.stream_info(subjects.FAULTS_STREAM)).config
@@ -62,7 +62,7 @@ async def test_provision_is_idempotent_and_declares_section_4(conn: tuple, setti
     assert (await locks.status()).ttl == 30
 
     for stream, name, ack_wait in ((subjects.FAULTS_STREAM, bus.DISPATCH_CONSUMER, 60),
-                                   (subjects.REMEDIATIONS_STREAM, bus.EXECUTOR_CONSUMER, 600)):
+                                   (subjects.REMEDIATIONS_STREAM, bus.EXECUTOR_CONSUMER, 60)):
         c = (await js.consumer_info(stream, name)).config
         assert c.durable_name == name
         assert c.ack_policy == api.AckPolicy.EXPLICIT
@@ -79,12 +79,15 @@ async def test_provision_updates_a_stream_that_drifted(conn: tuple, settings: Se
     assert any(line.startswith("updated stream FAULTS") and "duplicate_window 120s -> 1200s" in line
                for line in done), done
     assert (await js.stream_info(subjects.FAULTS_STREAM)).config.duplicate_window == 1200
-    # and a drifted consumer is updated in place
+    # a consumer an operator tuned is kept and its drift reported; --reset-consumers applies the declaration
     await js.add_consumer(subjects.FAULTS_STREAM, durable_name=bus.DISPATCH_CONSUMER,
-                          ack_policy=api.AckPolicy.EXPLICIT, max_deliver=9, ack_wait=60,
+                          ack_policy=api.AckPolicy.EXPLICIT, max_deliver=9, ack_wait=30,
                           max_ack_pending=256, deliver_policy=api.DeliverPolicy.ALL)
-    done = await bus.provision(js, settings)
-    assert done == [f"updated consumer FAULTS/dispatch: max_deliver 9 -> {settings.max_deliver}"]
+    (drift,) = await bus.provision(js, settings)
+    assert drift.startswith("drift: consumer FAULTS/dispatch kept") and "ack_wait 30s -> 60s" in drift, drift
+    assert (await js.consumer_info(subjects.FAULTS_STREAM, bus.DISPATCH_CONSUMER)).config.ack_wait == 30
+    done = await bus.provision(js, settings, reset_consumers=True)
+    assert done == [f"updated consumer FAULTS/dispatch: ack_wait 30s -> 60s; max_deliver 9 -> {settings.max_deliver}"]
     # and a lock bucket whose TTL drifted from settings.lock_ttl_s
     locks = settings.model_copy(update={"lock_ttl_s": 90})
     (line,) = await bus.provision(js, locks)
@@ -244,7 +247,7 @@ def test_bus_init_command_is_idempotent_and_prints_json(nats_server: EmbeddedNat
     runner = CliRunner()
     first = runner.invoke(bus_group, ["init", "--nats", nats_server.url, "--json"])
     assert first.exit_code == 0, first.output
-    assert len(json.loads(first.stdout)) == 8
+    assert len(json.loads(first.stdout)) == 9
     again = runner.invoke(bus_group, ["init", "--json"], env={"REMEDIATOR_NATS_URL": nats_server.url})
     assert again.exit_code == 0 and json.loads(again.stdout) == []
     missing = runner.invoke(bus_group, ["init"], env={"REMEDIATOR_NATS_URL": ""})

@@ -20,6 +20,9 @@ def test_serve_runs_until_sigterm(tmp_path: Path) -> None:
         kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
         port = free_port()
         env = {**os.environ, "REMEDIATOR_API_TOKENS": "t0k3n"}
+        # serve only verifies a bus it did not start: the operator provisions it first
+        subprocess.run([sys.executable, "-m", "remediator.cli", "bus", "init", "--nats", nats_server.url],
+                       env=env, check=True, capture_output=True, timeout=60)
         proc = subprocess.Popen(
             [sys.executable, "-m", "remediator.cli", "serve", "--kubeconfig", str(kubeconfig),
              "--nats", nats_server.url, "--http", f"127.0.0.1:{port}"],

@@ -48,7 +48,7 @@ def test_the_typed_views_carry_their_sections_values() -> None:
     assert s.nats_view().urls == ("nats://a:4222", "nats://b:4222")
     assert Settings().nats_view().urls == ()
     assert s.kube_view().qps == 5 and s.kube_view().taint_key == s.taint_key
-    assert s.safety_view().guards_enabled == frozenset({"lock", "budget"})
+    assert s.safety_view().guards_enabled == frozenset({"lock", "budget", "dry_run"})  # dry_run always
     assert s.executor_view().concurrency == 3
     assert s.handlers_view().nccl_window_s == 30
 
