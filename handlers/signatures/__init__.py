@@ -16,7 +16,6 @@ series lines and alert labels).
 from __future__ import annotations
 
 import re
-from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 from typing import BinaryIO, overload
@@ -66,8 +65,8 @@ ANCHORS: tuple[str, ...] = (
     "socket", "entireprocessdown", "markedunhealthy", "oomwhenallocating",
     # issue 13: nvidia-smi's handle errors, XLA/TF "Resource exhausted", cuBLAS/cuDNN outside PyTorch, CUDA
     # device-side assertion lines, DCGM host-engine health watches and dcgmi diag result rows.
-    "devicehandle", "resourceexhausted", "cublas", "cudnn", "threadassertion", "healthsystem", "failgpu",
-    "failall", "uncorrectablememory",
+    "devicehandlefor", "resourceexhausted", "cublasstatus", "cudnnstatus", "threadassertion", "healthsystem",
+    "failgpu",
 )
 _BANCHORS = tuple(a.encode() for a in ANCHORS)
 # "nccl" followed by "info" is no anchor: NCCL's INFO chatter (a large share of a training job's log) is never
@@ -210,31 +209,6 @@ def anchored_lines(block: bytes) -> list[tuple[int, bytes]]:
     return out
 
 
-# Anchors long enough that a hard wrap may cut them: looked for across line breaks by the framing layer.
-_SPLITTABLE = tuple(a for a in _BANCHORS if len(a) >= 8)
-
-
-def _split_lines(skel: bytes) -> frozenset[int]:
-    """0-based indices of the lines of ``skel`` whose anchor continues on the next line (a hard wrap)."""
-    nonl = skel.replace(b"\n", b"")
-    if len(nonl) == len(skel):
-        return frozenset()
-    out: set[int] = set()
-    nls: list[int] | None = None
-    for a in _SPLITTABLE:
-        if nonl.count(a) == skel.count(a):
-            continue
-        if nls is None:  # nonl offset of the k-th newline: its skel offset minus k
-            nls = [m.start() - k for k, m in enumerate(re.finditer(b"\n", skel))]
-        q = nonl.find(a)
-        while q >= 0:
-            k = bisect_right(nls, q)
-            if k < len(nls) and nls[k] < q + len(a):
-                out.add(k)
-            q = nonl.find(a, q + 1)
-    return frozenset(out)
-
-
 class _Lines(Sequence[str]):
     """The lines of a block, decoded only when the framing layer reads one."""
 
@@ -258,12 +232,19 @@ class _Lines(Sequence[str]):
         return self._raw[i].decode("utf-8", "replace")
 
 
+_WHOLE = ("NCCL INFO", "DCGM_FI_", "DCGM_EXP_", "NVRM: GPU at", "NVRM: loading")
+
+
+def _whole_record(raw: str) -> bool:
+    """Lines that are a record of their own by format: no framing join is tried around them."""
+    return any(w in raw for w in _WHOLE)
+
+
 def _scan_block(block: bytes, first_line: int) -> Iterator[tuple[int, Signal]]:
     """Signals in ``block`` (whole lines, UTF-8), numbered from ``first_line``; records framed (``framing``)."""
     skel = skeleton(block)
     starts = _anchored_lines(skel)
-    split = _split_lines(skel)
-    if not starts and not split:
+    if not starts:
         return
     count = skel.count
     indices: list[int] = []
@@ -273,7 +254,7 @@ def _scan_block(block: bytes, first_line: int) -> Iterator[tuple[int, Signal]]:
         spos = ls
         indices.append(line_no)
     lines = _Lines(block.split(b"\n"))
-    for index, sig in frame(lines, indices, _parse, split):
+    for index, sig in frame(lines, indices, _parse, complete=_whole_record):
         yield first_line + index, sig
 
 

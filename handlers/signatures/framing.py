@@ -12,8 +12,10 @@ no signal, and around a continuation row that did:
   up to three lines are joined, forwards from the anchored line and back to the line before it;
 * **table continuation rows** -- a row whose first cell is empty (``|      | Fail - GPU: 0 |``, ``dcgmi diag``)
   belongs to the row above, which names the test; the rows are joined with their newline;
-* **anchors split by a line break** -- when an anchor exists only once the block's newlines are removed
-  (a word cut by a terminal's hard wrap: "watchd" / "og"), the two lines are joined without a separator.
+* **words cut by a hard wrap** -- when a joined record gives nothing and the break falls inside a word
+  ("watchd" / "og got stuck"), the lines are tried again without a separator. (The record is found when one
+  of its lines holds an anchor; an anchor cut in two by the wrap is not looked for across the break, which
+  would cost a second pass over every block.)
 
 JSON-escaped newlines inside a shipper's payload are already one line here (``unwrap_line`` turns ``\\n`` back
 into a newline and the families accept it). A join is kept only when it gives a signal that the later line does
@@ -73,11 +75,14 @@ def join(parts: Sequence[str], glue: str | None = None) -> str:
 
 
 def frame(lines: Sequence[str], anchored: Sequence[int], parse: Parse,
-          split: frozenset[int] = frozenset()) -> Iterator[tuple[int, Signal]]:
+          split: frozenset[int] = frozenset(),
+          complete: Callable[[str], bool] | None = None) -> Iterator[tuple[int, Signal]]:
     """``(0-based index, Signal)`` for the records among ``lines``, in order.
 
     ``anchored`` are the indices of the lines holding an anchor (ascending); ``split`` the indices of lines
-    whose anchor continues on the next line; ``parse`` judges one (possibly joined) record.
+    to join to the next without a separator (a caller that knows where a word was cut); ``parse`` judges one
+    (possibly joined) record; ``complete`` says of a raw line that it is a whole record by its format (NCCL
+    INFO chatter, a metric series, a GPU identity line), so no join is tried around it.
     """
     n = len(lines)
     cache: dict[int, Signal | None] = {}
@@ -109,6 +114,8 @@ def frame(lines: Sequence[str], anchored: Sequence[int], parse: Parse,
                     continue
             consumed = i
             yield i, sig
+            continue
+        if complete is not None and complete(lines[i]):
             continue
         found = _forward(lines, msg, i, n, split, anchored_set, alone, parse)
         if found is not None:
