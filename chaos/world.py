@@ -46,6 +46,7 @@ from remediator.contracts import AuditRecord
 from remediator.natsd import EmbeddedNats, free_port
 from remediator.service import Service
 from remediator.settings import Settings
+from remediator.signing import SERVICE_KEY_FILE, service_signer
 
 TOKEN = "demo-token"  # the bearer token the harness's replicas accept on their ingest
 
@@ -205,7 +206,10 @@ async def environment(progress: Progress, *, nodes: int = 8, pools: int = 1, gpu
                 kubeconfig = root / "kubeconfig"
                 progress(f"• Kubernetes API simulator on {kube.url}: {nodes} GPU nodes, "
                          f"{sum(len(v) for v in seeded.values())} training pods (kubeconfig {kubeconfig})")
-                agent_options: dict[str, Any] = {"nvml_interval_s": 0.5}
+                # one service key signs for every replica (signing_seed_file), and every agent trusts it
+                key_home = data_dir if data_dir is not None else root
+                service_key = service_signer(key_home)
+                agent_options: dict[str, Any] = {"nvml_interval_s": 0.5, "trust_keys": (service_key.public_key,)}
                 fleet = SimFleet(root / "nodes", names, nats_url=nats_server.url, gpus=gpus,
                                  agent_options=agent_options)
                 with_agents = set(names) if agents is None else set(agents)
@@ -220,7 +224,8 @@ async def environment(progress: Progress, *, nodes: int = 8, pools: int = 1, gpu
                     async with httpx.AsyncClient(timeout=10) as http:
                         world = World(cluster, fleet, Settings(), http, "", datetime.now(UTC), seeded,
                                       nats_server=nats_server, root=root, label=label,
-                                      overrides=dict(settings or {}), crashable=crashable,
+                                      overrides={"signing_seed_file": str(Path(key_home) / "identity" / SERVICE_KEY_FILE),
+                                                 **(settings or {})}, crashable=crashable,
                                       agent_options=agent_options, nc=nc, js=js)
                         sync_task: asyncio.Task[None] | None = None
                         try:

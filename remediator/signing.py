@@ -38,6 +38,7 @@ __all__ = [
     "canonical",
     "generate_seed",
     "load_signer",
+    "local_signer",
     "public_key_bytes",
     "service_signer",
     "signed_fields",
@@ -187,7 +188,12 @@ def service_signer(data_dir: str | Path | None, seed_file: str | Path | None = N
         return load_signer(seed_file)
     if data_dir is None:
         return Signer(generate_seed())
-    path = Path(data_dir) / "identity" / SERVICE_KEY_FILE
+    return local_signer(Path(data_dir) / "identity" / SERVICE_KEY_FILE)
+
+
+def local_signer(path: str | Path) -> Signer:
+    """The signer of the seed file ``path``, generated there once (mode 0600, its folder 0700)."""
+    path = Path(path)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, stat.S_IRUSR | stat.S_IWUSR)

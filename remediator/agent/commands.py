@@ -35,6 +35,16 @@ Idempotency: the reply of a command that changed something is kept under its id 
 state directory, the last 512), and a repeat of that id returns it without acting again. Refusals, no-ops,
 failed actions and read-only verbs are evaluated afresh, which is safe because they changed nothing.
 Commands run one at a time.
+
+Trust (DESIGN.md §4): ``on_message`` acts only on a command signed by a key of the agent's ``trust`` set
+(the service's public keys: ``--trust-key``/``REMEDIATOR_TRUST_KEYS``), meant for this node, inside its
+``issued_at``..``expires_at`` window (``skew_s`` of clock difference allowed, at most ``max_ttl_s`` long)
+and with a nonce it has not seen: the nonces are kept until they expire (at most ``REPLAY_CACHE_SIZE``, in
+the state directory, so a restart does not reopen a replay). Everything else (unsigned, untrusted signer,
+bad signature, wrong node, expired, replayed, malformed) is refused whatever NATS let through: the reply
+says ``refused: <reason>``, a warning is logged, and ``refusals`` counts it by reason (shown by ``status``
+and the agent's stats). Every reply, refusals included, is signed with the agent's key (``signer``) and
+names the node and the nonce it answers. ``handle`` is the trusted in-process entry (tests, benchmarks).
 """
 
 from __future__ import annotations
@@ -42,8 +52,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 from nats.aio.client import Client as NATS
@@ -54,12 +65,15 @@ from pydantic import ValidationError
 from remediator.agent.host import GpuBackend, GpuSnapshot, HostRunner, PodResourcesView, PodView, RunResult
 from remediator.agent.orphans import find_orphans
 from remediator.agent.state import StateStore
-from remediator.contracts import AgentCommand, AgentReply, Change, GpuRef, normalize_pci_bus_id
+from remediator.contracts import AgentCommand, AgentReply, Change, GpuRef, normalize_pci_bus_id, utcnow
+from remediator.signing import Signer, TrustSet, generate_seed, verify_document
 from remediator.subjects import agent_cmd_subject
 
 log = logging.getLogger(__name__)
 
 CACHE_SIZE = 512
+REPLAY_CACHE_SIZE = 8192
+MAX_COMMAND_BYTES = 256 * 1024
 DEFAULT_TEMPERATURE_LIMIT_C = 90
 NO_HOLDER_SOURCE = ("which pods hold the GPU is unknown: this agent reads no PodResources source (the kubelet "
                     "PodResources API is not wired in yet)")
@@ -69,14 +83,86 @@ class _Refused(Exception):
     """A verb declined to act; the message is the reply's detail."""
 
 
+class CommandVerifier:
+    """Decides whether a received command may run on ``node`` (see the module docstring's trust
+    paragraph); keeps the nonces it accepted until they expire (in ``state`` when given) and counts
+    refusals by reason. The node agent's responder and every test double of an agent use it."""
+
+    def __init__(self, node: str, trust: TrustSet, state: StateStore | None = None, *,
+                 clock: Callable[[], datetime] = utcnow, skew_s: float = 30.0, max_ttl_s: float = 600.0) -> None:
+        self.node = node
+        self.trust = trust
+        self.state = state
+        self.clock = clock
+        self.skew_s = skew_s
+        self.max_ttl_s = max_ttl_s
+        self.refusals: Counter[str] = Counter()
+        saved = state.load("replay").get("nonces", {}) if state is not None else {}
+        self._nonces: dict[str, float] = {
+            k: float(v) for k, v in saved.items() if isinstance(k, str) and isinstance(v, int | float)}
+
+    def check(self, cmd: AgentCommand, raw: Any) -> tuple[str, str] | None:
+        """Why ``cmd`` (as received, ``raw``) must not run: ``(reason, detail)``, counted in ``refusals``;
+        None when it may (and then its nonce is recorded)."""
+        refused = self._reason(cmd, raw)
+        if refused is not None:
+            self.refusals[refused[0]] += 1
+        return refused
+
+    def _reason(self, cmd: AgentCommand, raw: Any) -> tuple[str, str] | None:
+        if not self.trust:
+            return "no-trust", ("this agent trusts no service key: start it with --trust-key (or "
+                                "REMEDIATOR_TRUST_KEYS) naming the service's public key")
+        if cmd.sig is None or cmd.signer is None:
+            return "unsigned", "the command is not signed"
+        if cmd.signer not in self.trust:
+            return "untrusted", f"signed by {cmd.signer}, which this agent does not trust"
+        if not isinstance(raw, dict) or not verify_document(raw):
+            return "bad-signature", "the signature does not match the command"
+        if cmd.node != self.node:
+            return "wrong-node", f"meant for node {cmd.node!r}, this is {self.node!r}"
+        if cmd.nonce is None or cmd.issued_at is None or cmd.expires_at is None:
+            return "incomplete", "the command has no nonce or validity window"
+        now = self.clock()
+        skew = timedelta(seconds=self.skew_s)
+        if cmd.expires_at + skew < now:
+            return "expired", f"expired at {cmd.expires_at.isoformat()}"
+        if cmd.issued_at - skew > now:
+            return "not-yet-valid", f"issued at {cmd.issued_at.isoformat()}, in the future"
+        if (cmd.expires_at - cmd.issued_at).total_seconds() > self.max_ttl_s:
+            return "too-long", f"valid for more than {self.max_ttl_s:g} s"
+        if cmd.nonce in self._nonces:
+            return "replayed", f"nonce {cmd.nonce} was already used"
+        self._remember_nonce(cmd.nonce, (cmd.expires_at + skew).timestamp(), now.timestamp())
+        return None
+
+    def _remember_nonce(self, nonce: str, until: float, now: float) -> None:
+        for k in [k for k, t in self._nonces.items() if t < now]:
+            del self._nonces[k]
+        self._nonces[nonce] = until
+        while len(self._nonces) > REPLAY_CACHE_SIZE:  # the soonest to expire goes first
+            del self._nonces[min(self._nonces, key=self._nonces.__getitem__)]
+        if self.state is not None:
+            self.state.save("replay", {"nonces": self._nonces})
+
+
 class CommandResponder:
     """Runs ``AgentCommand``s against a ``GpuBackend`` and a ``HostRunner``."""
 
     def __init__(self, *, node: str, gpus: GpuBackend | None, host: HostRunner, pods: PodView | None,
                  state: StateStore, status_extra: Callable[[], dict[str, Any]] | None = None,
                  temperature_limit_c: int = DEFAULT_TEMPERATURE_LIMIT_C, kill_wait_s: float = 5.0,
-                 pod_resources: PodResourcesView | None = None) -> None:
+                 pod_resources: PodResourcesView | None = None, signer: Signer | None = None,
+                 trust: TrustSet | None = None, clock: Callable[[], datetime] = utcnow, skew_s: float = 30.0,
+                 max_ttl_s: float = 600.0) -> None:
         self.node = node
+        self.signer = signer or Signer(generate_seed())
+        self.trust = trust or TrustSet()
+        self.clock = clock
+        self.skew_s = skew_s
+        self.max_ttl_s = max_ttl_s
+        self.verifier = CommandVerifier(node, self.trust, state, clock=clock, skew_s=skew_s, max_ttl_s=max_ttl_s)
+        self.refusals = self.verifier.refusals
         self.gpus = gpus
         self.pod_resources = pod_resources if pod_resources is not None else (
             gpus if isinstance(gpus, PodResourcesView) else None)
@@ -99,21 +185,39 @@ class CommandResponder:
         return await nc.subscribe(agent_cmd_subject(self.node), cb=self.on_message)
 
     async def on_message(self, msg: Msg) -> None:
+        """Verify, then act: see the module docstring's trust paragraph."""
+        raw: Any = None
         try:
-            cmd = AgentCommand.model_validate_json(msg.data)
-        except ValidationError as e:
-            cmd_id = "invalid"
-            try:
-                raw = json.loads(msg.data)
-                if isinstance(raw, dict) and isinstance(raw.get("id"), str):
-                    cmd_id = raw["id"]
-            except ValueError:
-                pass
-            reply = AgentReply(id=cmd_id, ok=False, detail=f"invalid command: {e.errors()[:3]}")
+            if len(msg.data) > MAX_COMMAND_BYTES:
+                raise ValueError(f"command of {len(msg.data)} bytes is over the limit")
+            raw = json.loads(msg.data)
+            cmd = AgentCommand.model_validate(raw)
+        except (ValueError, ValidationError) as e:
+            cmd_id = raw["id"][:512] if isinstance(raw, dict) and isinstance(raw.get("id"), str) else "invalid"
+            detail = f"{e.errors()[:3]}" if isinstance(e, ValidationError) else str(e)[:200]
+            self.refusals["malformed"] += 1
+            reply = self._refuse(msg.subject, cmd_id, "?", "malformed", f"invalid command: {detail}",
+                                 raw.get("nonce") if isinstance(raw, dict) else None)
         else:
-            reply = await self.handle(cmd)
+            reason = self.verifier.check(cmd, raw)
+            if reason:
+                reply = self._refuse(msg.subject, cmd.id, cmd.verb, reason[0], reason[1], cmd.nonce)
+            else:
+                reply = await self.handle(cmd)
+                reply = reply.model_copy(update={"nonce": cmd.nonce})
         if msg.reply:
-            await msg.respond(reply.model_dump_json().encode())
+            await msg.respond(self.sign(reply).model_dump_json().encode())
+
+    def sign(self, reply: AgentReply) -> AgentReply:
+        """``reply`` as sent: naming this node, signed by the agent's key."""
+        body = reply.model_copy(update={"node": self.node, "signer": None, "sig": None}).model_dump(mode="json")
+        return AgentReply.model_validate(self.signer.sign_document(body))
+
+    def _refuse(self, subject: str, cmd_id: str, verb: str, reason: str, detail: str,
+                nonce: Any) -> AgentReply:
+        log.warning("refused command %r (%s) on %s: %s: %s", cmd_id[:120], verb, subject, reason, detail)
+        return AgentReply(id=cmd_id, ok=False, detail=f"refused: {detail}", after={"refused": reason},
+                          nonce=nonce if isinstance(nonce, str) and len(nonce) <= 64 else None)
 
     # --- dispatch ------------------------------------------------------------------------------------
 
@@ -341,6 +445,7 @@ class CommandResponder:
             target = await self._resolve(cmd.gpu)
             after, note = await self._with_holders(target, after)
             detail += f"; GPU {target.index} is held by {len(after['holders'])} container(s)"
+        after["refusals"] = dict(self.refusals)
         if self.status_extra is not None:
             after.update(self.status_extra())
         return AgentReply(id=cmd.id, ok=True, detail=detail + note, after=after), False

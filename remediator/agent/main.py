@@ -37,8 +37,11 @@ from remediator.agent.publisher import BusLink, Publisher
 from remediator.agent.spool import DEFAULT_MAX_BYTES, Spool
 from remediator.agent.state import DEFAULT_BOOT_ID_PATH, StateStore, read_boot_id
 from remediator.contracts import FaultEvent, utcnow
+from remediator.signing import TrustSet, load_signer, local_signer
 
 log = logging.getLogger(__name__)
+
+AGENT_KEY_FILE = "agent.nk"
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,10 @@ class AgentConfig:
     reconnect_wait_s: float = 0.5
     orphan_confirmations: int = 2
     temperature_limit_c: int = 90
+    # The key replies are signed with: the seed in this file (the agent's NATS ``.creds``, or a seed file);
+    # None: <state_dir>/identity/agent.nk, made once. Its public key is what the executor must find in KV.
+    signing_seed_file: Path | str | None = None
+    trust_keys: tuple[str, ...] = ()  # the service's public keys whose commands this agent runs
 
 
 class _NoHost:
@@ -109,9 +116,12 @@ class Agent:
                             reconnect_wait_s=config.reconnect_wait_s)
         self.publisher = Publisher(self.link, self.spool, publish_timeout_s=config.publish_timeout_s)
         self.directory = GpuDirectory()
+        self.signer = (load_signer(config.signing_seed_file) if config.signing_seed_file
+                       else local_signer(Path(config.state_dir) / "identity" / AGENT_KEY_FILE))
         self.responder = CommandResponder(node=config.node, gpus=gpus, host=self.host, pods=pods,
                                           state=self.state, status_extra=self.stats,
-                                          temperature_limit_c=config.temperature_limit_c)
+                                          temperature_limit_c=config.temperature_limit_c, signer=self.signer,
+                                          trust=TrustSet(config.trust_keys))
         self.link.on_connect(self._subscribe_commands)
         self.kernel_watchers: list[KernelLogWatcher] = []
         self.poller: NvmlPoller | None = None
@@ -169,7 +179,11 @@ class Agent:
                 self._spawn("nvml-xid", lambda: watcher.run(self.submit))
         if self.podlogs is not None:
             self._spawn("pod-logs", self.podlogs.run)
-        log.info("agent for node %s started (kernel: %s, gpus: %s, pod logs: %s, nats: %s)", self.node,
+        if not self.responder.trust:
+            log.warning("agent for node %s trusts no service key (--trust-key): every command will be refused",
+                        self.node)
+        log.info("agent for node %s started (key %s, kernel: %s, gpus: %s, pod logs: %s, nats: %s)", self.node,
+                 self.signer.public_key,
                  ", ".join(s.name for s in sources) or "none",
                  type(self.gpus).__name__ if self.gpus is not None else "none", cfg.pod_logs_dir or "none",
                  cfg.nats_url)
@@ -258,6 +272,8 @@ class Agent:
             "connected": self.link.connected,
             "boot_id": self.boot_id(),
             "publisher": self.publisher.stats(),
+            "refused_commands": dict(self.responder.refusals),
+            "public_key": self.signer.public_key,
             "kernel": {w.source.name: {"lines": w.lines_read, "events": w.events_published}
                        for w in self.kernel_watchers},
         }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -14,8 +15,10 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from remediator import bus
-from remediator.contracts import AgentCommand, AgentReply, FaultEvent
+from remediator.adapters.agent import sign_command
+from remediator.contracts import AgentCommand, AgentReply, FaultEvent, utcnow
 from remediator.settings import Settings
+from remediator.signing import Signer, generate_seed, verify_document
 from remediator.subjects import FAULTS_STREAM, agent_cmd_subject, faults_subject
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,9 +60,19 @@ async def wait_for_events(js: JetStreamContext, node: str, done: Callable[[list[
                          + ", ".join(f"{e.kind}/{e.code}" for e in events[-20:]))
 
 
+SERVICE_KEY = Signer(generate_seed())
+"""The service key these tests sign commands with; the agents they start trust it (``TRUST``)."""
+TRUST: tuple[str, ...] = (SERVICE_KEY.public_key,)
+
+
 async def command(nc: NATS, node: str, cmd: AgentCommand, within: float = 10.0) -> AgentReply:
-    msg = await nc.request(agent_cmd_subject(node), cmd.model_dump_json().encode(), timeout=within)
-    return AgentReply.model_validate_json(msg.data)
+    """Send ``cmd`` to ``node``'s agent signed by ``SERVICE_KEY`` (as the executor does); the reply must be
+    signed by the agent and answer this sending."""
+    sent = sign_command(SERVICE_KEY, node, cmd, now=utcnow(), ttl_s=60)
+    msg = await nc.request(agent_cmd_subject(node), sent.model_dump_json().encode(), timeout=within)
+    reply = AgentReply.model_validate_json(msg.data)
+    assert verify_document(json.loads(msg.data)) and reply.node == node and reply.nonce == sent.nonce, reply
+    return reply
 
 
 async def until(condition: Callable[[], bool], within: float = 30.0) -> None:

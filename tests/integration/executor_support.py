@@ -3,13 +3,17 @@ Kubernetes API, and a minimal node-agent responder backed by the simulator's GPU
 
 The responder answers ``agent.<node>.cmd`` the way the node agent's contract says (idempotent per command
 id; ``reset_gpu`` refused while a pod holds the GPU); it stands in for the agent helper's implementation so
-these tests exercise the executor, not the agent.
+these tests exercise the executor, not the agent. It is no kinder than the agent: every command goes through
+the agent's own ``CommandVerifier`` (signed by the rig's service key, for that node, unexpired, never
+replayed) and every reply is signed with that node's key, which the rig writes to KV ``agentkey.<node>`` as
+the credentials issuer does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -26,10 +30,13 @@ from playbooks.catalog import PlaybookCatalog
 from remediator import bus
 from remediator.adapters.agent import AgentClient
 from remediator.adapters.kube import AsyncKube, KubeAdapter
+from remediator.agent.commands import CommandVerifier
 from remediator.audit import AuditLog, iter_records
 from remediator.contracts import AgentCommand, AgentReply, AuditRecord, Decision, GpuRef
 from remediator.executor import Executor
 from remediator.settings import Settings
+from remediator.signing import Signer, TrustSet, generate_seed, service_signer
+from remediator.subjects import STATE_BUCKET, agent_key_key
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -49,11 +56,22 @@ class SimAgents:
 
     nc: NATS
     sim: ClusterState
+    trust: TrustSet = field(default_factory=TrustSet)
     seen: dict[str, AgentReply] = field(default_factory=dict)
     calls: list[AgentCommand] = field(default_factory=list)
+    refused: list[tuple[str, str]] = field(default_factory=list)
     healthy: bool = True
+    keys: dict[str, Signer] = field(default_factory=dict)
+    verifiers: dict[str, CommandVerifier] = field(default_factory=dict)
 
     async def start(self) -> None:
+        """Give each node an agent key, publish it in KV (as the issuer does), and answer."""
+        kv = await self.nc.jetstream().key_value(STATE_BUCKET)
+        for node in self.sim.node_names():
+            signer = self.keys.setdefault(node, Signer(generate_seed()))
+            self.verifiers[node] = CommandVerifier(node, self.trust)
+            await kv.put(agent_key_key(node), json.dumps(
+                {"public_key": signer.public_key, "issued_at": T0.isoformat(), "expires_at": None}).encode())
         await self.nc.subscribe("agent.*.cmd", cb=self._on)
 
     def _answer(self, node: str, cmd: AgentCommand) -> AgentReply:
@@ -86,13 +104,20 @@ class SimAgents:
 
     async def _on(self, msg: Msg) -> None:
         node = msg.subject.split(".")[1].replace("_", ".")
-        cmd = AgentCommand.model_validate_json(msg.data)
-        self.calls.append(cmd)
-        reply = self.seen.get(cmd.id)
-        if reply is None:
-            reply = await asyncio.to_thread(self._answer, node, cmd)
-            self.seen[cmd.id] = reply
-        await msg.respond(reply.model_dump_json().encode())
+        raw = json.loads(msg.data)
+        cmd = AgentCommand.model_validate(raw)
+        refused = self.verifiers[node].check(cmd, raw)
+        if refused is not None:
+            self.refused.append((node, refused[0]))
+            reply = AgentReply(id=cmd.id, ok=False, detail=f"refused: {refused[1]}", after={"refused": refused[0]})
+        else:
+            self.calls.append(cmd)
+            reply = self.seen.get(cmd.id)
+            if reply is None:
+                reply = await asyncio.to_thread(self._answer, node, cmd)
+                self.seen[cmd.id] = reply
+        body = reply.model_copy(update={"node": node, "nonce": cmd.nonce}).model_dump(mode="json")
+        await msg.respond(AgentReply.model_validate(self.keys[node].sign_document(body)).model_dump_json().encode())
 
 
 @dataclass
@@ -107,6 +132,11 @@ class Rig:
     agents: SimAgents
     settings: Settings
     kubeconfig: Path
+    signer: Signer
+
+    def agent_client(self, **kw: Any) -> AgentClient:
+        """An agent client signing with the rig's service key (the one the simulated agents trust)."""
+        return AgentClient(self.nc, signer=self.signer, **{"timeout_s": 2.0, **kw})
 
     async def audit_records(self, node: str) -> list[AuditRecord]:
         return [r async for r in iter_records(self.js, node)]
@@ -128,18 +158,20 @@ async def rig(nats_url: str, tmp: Path, *, nodes: int = 4, **settings: Any) -> A
     sim = seed_cluster(nodes)
     api = KubeApiServer(sim).start()
     kubeconfig = api.write_kubeconfig(tmp / "kubeconfig")
-    s = fast_settings(nats_url, kubeconfig=str(kubeconfig), **settings)
+    signer = service_signer(tmp)  # tmp/identity/service.nk: also what a worker process loads (signing_seed_file)
+    s = fast_settings(nats_url, kubeconfig=str(kubeconfig),
+                      **{"signing_seed_file": str(tmp / "identity" / "service.nk"), **settings})
     nc, js = await bus.connect(nats_url)
     port: AsyncKube | None = None
     try:
         await bus.provision(js, s)
         kube = KubeAdapter.from_settings(s, poll_interval_s=0.05)
-        audit = AuditLog(js, "test-executor")
-        agents = SimAgents(nc, sim)
+        audit = AuditLog(js, "test-executor", signer=signer)
+        agents = SimAgents(nc, sim, TrustSet.of(signers=[signer]))
         await agents.start()
         port = AsyncKube(kube, max_workers=s.executor_concurrency + 4)
-        ex = Executor(nc, js, s, port, audit, PlaybookCatalog.load(), AgentClient(nc, timeout_s=2.0))
-        yield Rig(nc, js, sim, api, kube, audit, ex, agents, s, kubeconfig)
+        ex = Executor(nc, js, s, port, audit, PlaybookCatalog.load(), AgentClient(nc, timeout_s=2.0, signer=signer))
+        yield Rig(nc, js, sim, api, kube, audit, ex, agents, s, kubeconfig, signer)
     finally:
         await nc.drain()
         if port is not None:

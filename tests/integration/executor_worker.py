@@ -16,6 +16,7 @@ from remediator.adapters.kube import AsyncKube
 from remediator.audit import AuditLog
 from remediator.executor import Executor
 from remediator.settings import Settings
+from remediator.signing import service_signer
 
 
 async def main() -> None:
@@ -23,7 +24,9 @@ async def main() -> None:
     assert s.nats_url
     nc, js = await bus.connect(s.nats_url, name=s.replica_id)
     kube = AsyncKube.from_settings(s, poll_interval_s=0.1)
-    ex = Executor(nc, js, s, kube, AuditLog(js, s.replica_id), PlaybookCatalog.load(), AgentClient(nc))
+    signer = service_signer(None, s.signing_seed_file)  # the rig's key, as the agents trust it
+    ex = Executor(nc, js, s, kube, AuditLog(js, s.replica_id, signer=signer), PlaybookCatalog.load(),
+                  AgentClient(nc, signer=signer))
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     print("ready", flush=True)

@@ -15,7 +15,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from playbooks.catalog import PlaybookCatalog
 from remediator import telemetry
-from remediator.adapters.agent import AgentClient
 from remediator.audit import AuditLog
 from remediator.contracts import Decision, Origin
 from remediator.executor import Executor
@@ -43,7 +42,7 @@ def spans() -> Iterator[InMemorySpanExporter]:
 
 def second_replica(r: Rig, actor: str) -> Executor:
     return Executor(r.nc, r.js, r.settings, r.executor.kube, AuditLog(r.js, actor), PlaybookCatalog.load(),
-                    AgentClient(r.nc, timeout_s=2.0), actor=actor)
+                    r.agent_client(), actor=actor)
 
 
 async def wait_for(pred: object, within_s: float = 30.0) -> None:
