@@ -40,6 +40,8 @@ from remediator import bus, consumers, telemetry
 from remediator.adapters.agent import AgentClient, AgentKeys
 from remediator.adapters.kube import AsyncKube
 from remediator.audit import AuditLog
+from remediator.audit_api import routes as audit_api
+from remediator.audit_api.reader import AuditReader
 from remediator.contracts import utcnow
 from remediator.dispatch import Dispatcher
 from remediator.errors import SetupError
@@ -181,6 +183,7 @@ class Service:
         if self.http_enabled:
             app = create_app(settings=s, nc=self.nc, js=self.js, audit=self.audit,
                              service_metrics=self.metrics.render, readiness=self.readiness.report)
+            audit_api.mount(app, AuditReader(self.js), s)  # the read-only /v1/audit API and /audit/ view
             config = uvicorn.Config(app, host=s.http_host, port=s.http_port, log_level="warning",
                                     access_log=False, lifespan="off")
             self._http = _EmbeddedServer(config)

@@ -286,8 +286,9 @@ The token is kept in this browser only (a cookie for this site) and never put in
         breaker = (f'<p class="{"error" if b["open"] else "okline"}" id="breaker">Circuit breaker '
                    f'<strong>{"OPEN" if b["open"] else "closed"}</strong>'
                    + (f" since {_e(b['tripped_at'])}: {_e(b['reason'])}" if b["open"] else "")
-                   + f" — {b['recent_quarantines']} recent quarantine(s), trips at {b['threshold']} within "
-                     f"{b['window_s']:g}s.</p>")
+                   + f" — {b['recent_quarantines']} recent quarantine(s) in the shared ledger; trips at "
+                     f"{b['threshold']} within {b['window_s']:g}s (the thresholds this process is configured "
+                     "with).</p>")
         budget = f["budget"]
         pool_rows = "".join(
             f"<tr><th scope=\"row\">{_e(p)}</th><td>{v['nodes']} / {budget['max_nodes']} "
@@ -309,7 +310,8 @@ The token is kept in this browser only (a cookie for this site) and never put in
                                      "pending_approval": tuple(o["pending_approval"])})
                   for o in f["open_incidents"]]
         body = (f"{breaker}<h2>Pending approvals</h2>{pending}<h2>Budget</h2>{pools}"
-                f"<h2>Open incidents ({len(opened)})</h2>{_summary_rows(opened)}")
+                f"<h2>Open incidents ({len(opened)})</h2>"
+                + (_summary_rows(opened) if opened else "<p>No open incident: every run has finished.</p>"))
         return _page("Fleet", body, reader, "fleet")
 
     return router
