@@ -94,7 +94,7 @@ def test_nats_dependency_is_the_official_chart_behind_a_condition() -> None:
 
 
 def test_existing_nats_needs_a_url() -> None:
-    with pytest.raises(helm_python.HelmError, match="nats.url is required"):
+    with pytest.raises(helm_python.HelmError, match=r"nats\.url is required"):
         render({"nats": {"enabled": False}})
 
 

@@ -21,7 +21,8 @@ from tests.deploy.chart import CHART, ROOT, only, render
 RULES = CHART / "files" / "dcgm-rules.yaml"
 NONDEFAULT_RULES = CHART / "files" / "dcgm-rules-nondefault.yaml"
 TESTS_DIR = ROOT / "deploy" / "rules-tests"
-RULE_TESTS = {RULES: TESTS_DIR / "dcgm-rules.test.yaml", NONDEFAULT_RULES: TESTS_DIR / "dcgm-rules-nondefault.test.yaml"}
+RULE_TESTS = {RULES: TESTS_DIR / "dcgm-rules.test.yaml",
+              NONDEFAULT_RULES: TESTS_DIR / "dcgm-rules-nondefault.test.yaml"}
 
 # The fields dcgm-exporter's etc/default-counters.csv enables (NVIDIA/dcgm-exporter@00d6d344, the lines not
 # commented out): the only metrics a stock exporter exports. ECC, retired-page and row-remap-pending

@@ -132,7 +132,7 @@ def adapter_accesses() -> set[Access]:
                 " " not in text and id(node) not in exempt | resolved_names | placed:
             parents = [p for p in ast.walk(tree) if any(c is node for c in ast.iter_child_nodes(p))]
             if not any(id(p) in placed for p in parents):
-                raise AssertionError(f"kube.py line {node.lineno}: API path {text!r} is used outside "
+                raise AssertionError(f"kube.py line {getattr(node, 'lineno', '?')}: API path {text!r} is used outside "
                                      "_request/_list: teach this test the new call")
     return found
 
