@@ -1,0 +1,31 @@
+"""Fixtures of the integration tests: real processes on loopback, each test with its own.
+
+Where it sits: beside the integration tests; shared support that is more than a fixture lives in the
+``*_support.py`` modules of this folder. A missing binary fails the test (never skips it): a skipped
+integration test would hide a broken install.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from chaos.nats_cluster import NatsCluster
+from remediator.natsd import EmbeddedNats
+
+
+@pytest.fixture
+def nats_server() -> Iterator[EmbeddedNats]:
+    """A fresh ``nats-server -js`` on a free port with a temporary store; fails loudly when the binary is
+    missing."""
+    with EmbeddedNats() as server:
+        yield server
+
+
+@pytest.fixture
+def nats_cluster() -> Iterator[NatsCluster]:
+    """Three ``nats-server -js`` processes clustered over loopback routes (R3 streams and buckets are real
+    Raft groups); each test gets its own, with temporary stores."""
+    with NatsCluster(3) as cluster:
+        yield cluster

@@ -1,0 +1,146 @@
+"""The production bus shape: three clustered nats-servers, ``bus init --replicas 3``, two ``serve`` replicas.
+
+Every stream and bucket stays R3 after the replicas start (they verify, never provision); with the server
+that leads FAULTS killed, ingest keeps answering and an Xid 79 is remediated exactly once. The figures
+(time to ready, to the first 200 after the kill, to the node's quarantine) are printed for the report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from chaos.nats_cluster import NatsCluster
+from chaos.sim import KubeApiServer, seed_cluster
+from remediator import bus, subjects
+from remediator.audit import iter_records
+from remediator.settings import Settings
+
+from .nats_cluster import bus_init, cli_env, post_alert, start_serve, xid_alert
+
+STREAMS = (subjects.FAULTS_STREAM, subjects.REMEDIATIONS_STREAM, subjects.AUDIT_STREAM,
+           subjects.DEAD_LETTER_STREAM, f"KV_{subjects.STATE_BUCKET}", f"KV_{subjects.LOCKS_BUCKET}")
+
+
+async def _replicas(url: str) -> dict[str, int]:
+    nc, js = await bus.connect(url, name="test-replicas")
+    try:
+        return {s: int((await js.stream_info(s)).config.num_replicas or 1) for s in STREAMS}
+    finally:
+        await nc.close()
+
+
+async def _leader(url: str, stream: str) -> str:
+    nc, js = await bus.connect(url, name="test-leader")
+    try:
+        info = await js.stream_info(stream)
+        assert info.cluster is not None and info.cluster.leader
+        return info.cluster.leader
+    finally:
+        await nc.close()
+
+
+async def _records(url: str, node: str) -> list[tuple[str, str, dict[str, object]]]:
+    nc, js = await bus.connect(url, name="test-audit")
+    try:
+        return [(r.what, r.why, dict(r.after)) async for r in iter_records(js, node)]
+    finally:
+        await nc.close()
+
+
+def test_bus_init_r3_then_two_replicas_keep_r3_and_survive_a_server_loss(nats_cluster: NatsCluster,
+                                                                          tmp_path: Path) -> None:
+    env = cli_env(REMEDIATOR_BUS_REPLICAS="3", REMEDIATOR_EXECUTOR_ACK_WAIT_S="10", REMEDIATOR_LOCK_TTL_S="10")
+    init = bus_init(nats_cluster.url, "--replicas", "3", env=env)
+    assert init.returncode == 0, init.stderr
+    assert asyncio.run(_replicas(nats_cluster.url)) == dict.fromkeys(STREAMS, 3)
+
+    cluster = seed_cluster(nodes=4)
+    with KubeApiServer(cluster) as kube:
+        kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+        replicas = [start_serve(tmp_path, f"replica-{i}", nats_cluster.url, kubeconfig, env=env) for i in range(2)]
+        try:
+            ready_s = [r.wait_ready() for r in replicas]
+            print(f"\nboth replicas ready in {max(ready_s):.1f}s")
+            # the replicas verified the bus and changed nothing: still R3, no "updated stream" line
+            assert asyncio.run(_replicas(nats_cluster.url)) == dict.fromkeys(STREAMS, 3)
+            for r in replicas:
+                assert "updated stream" not in r.log() and "num_replicas" not in r.log(), r.log()[-2000:]
+
+            leader = asyncio.run(_leader(nats_cluster.url, subjects.FAULTS_STREAM))
+            victim = int(leader.rsplit("-", 1)[1])
+            t_kill = time.monotonic()
+            nats_cluster.kill(victim)
+            node = "gpu-node-1"
+            payload = xid_alert(node, 3, 79, "fp-cluster-79")
+            first_200: float | None = None
+            answers = []
+            while time.monotonic() - t_kill < 60:
+                status = post_alert(replicas[0], payload)
+                answers.append(status)
+                if status == 200:
+                    first_200 = time.monotonic() - t_kill
+                    break
+                time.sleep(0.2)
+            assert first_200 is not None, answers
+            # Alertmanager's retry of the very same notification, to the other replica: a duplicate
+            assert post_alert(replicas[1], payload, timeout=10) == 200
+            print(f"FAULTS leader {leader} killed: first 200 after {first_200:.1f}s ({len(answers)} tries: "
+                  f"{answers})")
+
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 90:
+                if cluster.is_cordoned(node) and any(
+                        t["key"] == Settings().taint_key for t in cluster.taints(node)):
+                    break
+                time.sleep(0.25)
+            else:
+                raise AssertionError(f"{node} not quarantined:\n{replicas[0].log()[-3000:]}\n"
+                                     f"{replicas[1].log()[-3000:]}")
+            print(f"{node} tainted and cordoned {time.monotonic() - t_kill:.1f}s after the kill")
+            # settle, then count: one decision, every step once
+            time.sleep(3)
+            records = asyncio.run(_records(nats_cluster.url, node))
+            decisions = [r for r in records if r[0] == "decision" and "handler" in r[2]]
+            assert len(decisions) == 1, decisions
+            started = [str(r[2].get("step")) for r in records if r[0] == "step_started"]
+            assert started and len(started) == len(set(started)), started
+            assert asyncio.run(_replicas(nats_cluster.url)) == dict.fromkeys(STREAMS, 3)
+        finally:
+            stops = [r.terminate() for r in replicas]
+            print(f"replicas stopped {', '.join(f'{s:.1f}s' for s in stops)} after SIGTERM")
+    assert all(r.proc.returncode == 0 for r in replicas), [r.log()[-2000:] for r in replicas]
+
+
+@pytest.mark.parametrize("lower", [False, True], ids=["kept", "lowered-when-asked"])
+def test_bus_init_never_lowers_replicas_or_resets_a_tuned_consumer(nats_cluster: NatsCluster, lower: bool) -> None:
+    assert bus_init(nats_cluster.url, "--replicas", "3").returncode == 0
+
+    async def tune() -> None:
+        nc, js = await bus.connect(nats_cluster.url, name="test-tune")
+        try:
+            info = await js.consumer_info(subjects.REMEDIATIONS_STREAM, bus.EXECUTOR_CONSUMER)
+            info.config.ack_wait = 30
+            await js.add_consumer(subjects.REMEDIATIONS_STREAM, info.config)
+        finally:
+            await nc.close()
+
+    asyncio.run(tune())
+    again = bus_init(nats_cluster.url, "--replicas", "1", *(["--allow-lower-replicas"] if lower else []))
+    assert again.returncode == 0, again.stderr
+    assert "drift: consumer REMEDIATIONS/executor kept" in again.stderr
+    want = 1 if lower else 3
+    assert asyncio.run(_replicas(nats_cluster.url)) == dict.fromkeys(STREAMS, want)
+
+    async def ack_wait() -> float:
+        nc, js = await bus.connect(nats_cluster.url, name="test-tune")
+        try:
+            return float((await js.consumer_info(subjects.REMEDIATIONS_STREAM, bus.EXECUTOR_CONSUMER)).config.ack_wait
+                         or 0)
+        finally:
+            await nc.close()
+
+    assert asyncio.run(ack_wait()) == 30
