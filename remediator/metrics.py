@@ -45,6 +45,8 @@ class ServiceMetrics:
         "remediator_playbook_runs_total": ("counter", "Playbook runs finished, by playbook and outcome."),
         "remediator_breaker_open": ("gauge", "1 while the circuit breaker is open (as last seen here)."),
         "remediator_runs_in_progress": ("gauge", "Playbook runs started here and not finished yet."),
+        "remediator_approvals_pending": (
+            "gauge", "Incidents whose gated step waits for `remediator approve` (as last seen here)."),
         "remediator_decision_to_first_action_seconds": (
             "summary", "Time from a decision to its playbook's first completed step."),
         "remediator_ready": ("gauge", "1 while a readiness condition (bus, consumers, kubernetes) holds."),
@@ -53,12 +55,14 @@ class ServiceMetrics:
     def __init__(self, pending_limit: int = 10_000) -> None:
         self._lock = threading.Lock()
         self._counters: dict[tuple[str, _Labels], float] = {}
-        self._gauges: dict[str, float] = {"remediator_breaker_open": 0.0, "remediator_runs_in_progress": 0.0}
+        self._gauges: dict[str, float] = {"remediator_breaker_open": 0.0, "remediator_runs_in_progress": 0.0,
+                                          "remediator_approvals_pending": 0.0}
         # per incident, bounded: when it was decided, its playbook, the step running now
         self._decided_at: OrderedDict[str, datetime] = OrderedDict()
         self._playbook_of: OrderedDict[str, str] = OrderedDict()
         self._step_of: OrderedDict[str, str] = OrderedDict()
         self._running: set[str] = set()
+        self._awaiting: set[str] = set()  # incidents with an unanswered approval_requested
         self._latency_sum = 0.0
         self._latency_count = 0
         self._pending_limit = pending_limit
@@ -107,7 +111,14 @@ class ServiceMetrics:
                 self._gauges["remediator_breaker_open"] = 1.0
             elif r.what == "breaker_reset":
                 self._gauges["remediator_breaker_open"] = 0.0
+            if r.incident and r.what == "approval_requested":
+                self._awaiting.add(r.incident)
+            elif r.incident and (r.what in ("approval", "playbook_finished")
+                                 or (r.what == "guard_verdict" and after.get("guard") == "approval"
+                                     and after.get("allowed") is True)):
+                self._awaiting.discard(r.incident)
             self._gauges["remediator_runs_in_progress"] = float(len(self._running))
+            self._gauges["remediator_approvals_pending"] = float(len(self._awaiting))
 
     def set_ready(self, condition: str, ok: bool) -> None:
         """Record a readiness condition as last probed (``remediator.readiness``)."""
