@@ -16,9 +16,9 @@ series lines and alert labels).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
-from typing import BinaryIO, overload
+from typing import TYPE_CHECKING, BinaryIO, overload
 
 from handlers.signatures.cuda import classify_cuda
 from handlers.signatures.dcgm import (
@@ -34,6 +34,9 @@ from handlers.signatures.dcgm import (
 from handlers.signatures.framing import frame
 from handlers.signatures.kernel import classify_kernel, gpu_identity, is_skip_report
 from handlers.signatures.model import Signal, json_fields, unwrap_line
+
+if TYPE_CHECKING:
+    from handlers.rules import RuleSet
 from handlers.signatures.nccl import classify_nccl, is_old_nccl_warn
 
 __all__ = [
@@ -80,8 +83,8 @@ _KERNEL = ("xid", "nvrm", "lost", "off the bus", "eventdata", "heartbeat", "unhe
 _CUDA = ("cuda", "out of memory", "oom when allocating", "resource exhausted", "resource_exhausted",
          "resourceexhausted", "cublas", "cudnn", "assertion")
 _DCGM_TOOL = ("health system", "fail - ", "uncorrectable memory")
-_NCCL_FIRST = ("nccl warn", "nccl error in", "nccl operation", "ncclunhandledcudaerror", "ncclsystemerror", "ncclinternalerror",
-               "ncclremoteerror", "ncclinvalid", "test nccl failure")
+_NCCL_FIRST = ("nccl warn", "nccl error in", "nccl operation", "ncclunhandledcudaerror", "ncclsystemerror",
+               "ncclinternalerror", "ncclremoteerror", "ncclinvalid", "test nccl failure")
 _NCCL = ("nccl", "watchdog", "heartbeat", "desync", "exitcode", "childfailed", "socket",
          "entire process down")  # plain lower-case substrings: a superset of the anchors above
 
@@ -98,11 +101,11 @@ def skeleton(data: bytes) -> bytes:
     return data.translate(_LOWER, _DELETE)
 
 
-def _anchored_lines(skel: bytes) -> set[int]:
+def _anchored_lines(skel: bytes, anchors: tuple[bytes, ...] = _BANCHORS) -> set[int]:
     """Start offsets (in ``skel``) of the lines that hold an anchor."""
     starts: set[int] = set()
     find, rfind, chatter = skel.find, skel.rfind, skel.startswith
-    for a in _BANCHORS:
+    for a in anchors:
         i = find(a)
         while i >= 0:
             if a == b"nccl" and chatter(_CHATTER, i):
@@ -240,10 +243,32 @@ def _whole_record(raw: str) -> bool:
     return any(w in raw for w in _WHOLE)
 
 
-def _scan_block(block: bytes, first_line: int) -> Iterator[tuple[int, Signal]]:
+def rule_anchor(literal: str) -> bytes:
+    """The skeleton form of an operator signature's ``contains`` literal (what the block prefilter looks for)."""
+    return skeleton(literal.encode("utf-8", "replace")).replace(b"\n", b"")
+
+
+def _parser(rules: RuleSet | None) -> Callable[[str], Signal | None]:
+    """``_parse``, then the operator's added signatures on what the built-in families leave unrecognised."""
+    if not rules or not rules.signatures:
+        return _parse
+
+    def parse(line: str) -> Signal | None:
+        sig = _parse(line)
+        if sig is not None:
+            return sig
+        hit = rules.signal(unwrap_line(line))
+        return None if hit is None else hit[1]
+
+    return parse
+
+
+def _scan_block(block: bytes, first_line: int, rules: RuleSet | None = None) -> Iterator[tuple[int, Signal]]:
     """Signals in ``block`` (whole lines, UTF-8), numbered from ``first_line``; records framed (``framing``)."""
     skel = skeleton(block)
     starts = _anchored_lines(skel)
+    if rules and rules.signatures:
+        starts |= _anchored_lines(skel, tuple(rule_anchor(a) for a in rules.anchors()))
     if not starts:
         return
     count = skel.count
@@ -254,7 +279,7 @@ def _scan_block(block: bytes, first_line: int) -> Iterator[tuple[int, Signal]]:
         spos = ls
         indices.append(line_no)
     lines = _Lines(block.split(b"\n"))
-    for index, sig in frame(lines, indices, _parse, complete=_whole_record):
+    for index, sig in frame(lines, indices, _parser(rules), complete=_whole_record):
         yield first_line + index, sig
 
 
@@ -266,10 +291,11 @@ class LineScanner:
     ``scan_text`` one string; ``scan_bytes`` raw bytes; ``scan_stream`` a binary stream read in big blocks.
     """
 
-    __slots__ = ("batch",)
+    __slots__ = ("batch", "rules")
 
-    def __init__(self, batch: int = 8192) -> None:
+    def __init__(self, batch: int = 8192, rules: RuleSet | None = None) -> None:
         self.batch = batch
+        self.rules = rules  # operator rules (``handlers.rules``): their added signatures are tried too
 
     def scan(self, lines: Iterable[str], start: int = 1) -> Iterator[tuple[int, Signal]]:
         """Scan ``lines`` (each with or without its newline), numbering them from ``start``."""
@@ -284,19 +310,20 @@ class LineScanner:
             if text.count("\n") == len(clean) - 1:
                 yield from self.scan_text(text, n)
             else:  # an item with an embedded newline: judge each item alone
+                parse = _parser(self.rules)
                 for k, ln in enumerate(clean):
-                    sig = classify_line(ln)
+                    sig = parse(ln) if has_anchor(ln) or self.rules else None
                     if sig is not None:
                         yield n + k, sig
             n += len(chunk)
 
     def scan_text(self, text: str, start: int = 1) -> Iterator[tuple[int, Signal]]:
         """Scan ``text`` (newline-separated lines); line numbers count from ``start``."""
-        yield from _scan_block(text.encode("utf-8", "replace"), start)
+        yield from _scan_block(text.encode("utf-8", "replace"), start, self.rules)
 
     def scan_bytes(self, data: bytes, start: int = 1) -> Iterator[tuple[int, Signal]]:
         """Scan raw bytes (UTF-8, undecodable bytes replaced); line numbers count from ``start``."""
-        yield from _scan_block(data, start)
+        yield from _scan_block(data, start, self.rules)
 
     def scan_stream(self, stream: BinaryIO, block: int = 1 << 20) -> Iterator[tuple[int, Signal]]:
         """Scan a binary stream read in blocks of ``block`` bytes; a line cut by a block end is joined up.
@@ -315,7 +342,7 @@ class LineScanner:
                 rest += data
                 continue
             complete = rest + data[:cut] if rest else data[:cut]
-            yield from _scan_block(complete, line_no)
+            yield from _scan_block(complete, line_no, self.rules)
             line_no += complete.count(b"\n") + 1
             rest = data[cut + 1:]
         if rest:

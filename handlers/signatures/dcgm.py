@@ -484,7 +484,8 @@ _DIAG_FAIL_RE = re.compile(
     r"^\s*\|\s*(?P<test>[^|]*?)\s*\|\s*fail\s*-\s*(?:gpus?\s*:\s*(?P<gpus>\d+(?:\s*,\s*\d+)*)|(?P<all>all))\s*\|",
     re.IGNORECASE | re.MULTILINE,
 )
-_DIAG_ERROR_RE = re.compile(r"^\s*\|\s*error\s*\|\s*gpu\s+(?P<gpu>\d+)\s+(?P<msg>[^|]*)\|", re.IGNORECASE | re.MULTILINE)
+_DIAG_ERROR_RE = re.compile(r"^\s*\|\s*error\s*\|\s*gpu\s+(?P<gpu>\d+)\s+(?P<msg>[^|]*)\|",
+                            re.IGNORECASE | re.MULTILINE)
 
 
 def classify_dcgm_tool(text: str, low: str | None = None) -> Signal | None:

@@ -26,9 +26,8 @@ apart) are judged line by line.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-
 import re
+from collections.abc import Callable, Iterator, Sequence
 
 from handlers.signatures.model import Signal, unwrap_line
 

@@ -102,8 +102,8 @@ _XLA_OP_RE = re.compile(r"nccl\s+operation\s+(?P<op>nccl\w+)\s*\((?P<args>[^)]*)
                         r"(?:.*?last\s+nccl\s+warning\(error\)\s+log\s+entry[^']*'(?P<last>.*?)'\.?(?:;|$))?",
                         re.IGNORECASE | re.DOTALL)
 # NCCL releases before the "NCCL" tag in their prefix: "host:pid:tid [dev] file.cc:NN WARN <message>".
-_OLD_WARN_RE = re.compile(r"(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+)\s+\[(?P<dev>\d+)\]\s+(?P<src>[\w./]+\.(?:cc|cu|h|c):\d+)"
-                          r"\s+WARN\s+(?P<msg>.+)")
+_OLD_WARN_RE = re.compile(r"(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+)\s+\[(?P<dev>\d+)\]\s+"
+                          r"(?P<src>[\w./]+\.(?:cc|cu|h|c):\d+)\s+WARN\s+(?P<msg>.+)")
 _NCCL_ERR_IN_RE = re.compile(r"nccl\s+error\s+in\s*:\s*(?P<where>[^,]+),\s*(?P<what>[^\n]*?)(?:,\s*nccl\s+version\s+"
                              r"(?P<ver>[\d.]+\S*))?\s*$", re.IGNORECASE | re.MULTILINE)
 # nccl-tests: "Test NCCL failure common.cu:497 'unhandled cuda error'" (the ncclResult_t text of the failing call).
@@ -238,10 +238,10 @@ def _nccl_error(text: str, low: str) -> Signal | None:
         x = _XLA_OP_RE.search(text)
         if x is not None:
             why = x.group("why").strip()
-            code = next((name for frag, name in _RESULT_TEXT if frag in why.lower()), "nccl_error")
-            return Signal(kind="nccl_error", code=code, detail=freeze({
+            result = next((name for frag, name in _RESULT_TEXT if frag in why.lower()), "nccl_error")
+            return Signal(kind="nccl_error", code=result, detail=freeze({
                 "reporter": "xla", "operation": x.group("op"), "reason": why[:256],
-                "last_nccl_warning": (x.group("last") or "")[:256] or None, "nccl_result": NCCL_RESULTS.get(code)}))
+                "last_nccl_warning": (x.group("last") or "")[:256] or None, "nccl_result": NCCL_RESULTS.get(result)}))
     if "segfault at" in low and "libnccl" in low:  # kernel: "pt_main_thread[..]: segfault at .. in libnccl.so.2[..]"
         return Signal(kind="nccl_error", code="segfault", detail=freeze({"message": text.strip()[:256]}))
     if warn:

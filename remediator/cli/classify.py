@@ -8,7 +8,15 @@ GPU alert in them is one signal, reported at the line where its payload starts.
 
 With ``--json`` standard output carries one JSON object per signal and nothing else:
 ``{"line", "kind", "xid", "pci_bus_id", "gpu_index", "action", "playbook"}``; without it a table goes to
-standard error. Exit 0 whether or not anything was found, 2 when an input cannot be read.
+standard error. Exit 0 whether or not anything was found, 2 when an input cannot be read or the rules file
+is invalid (every problem printed as ``FILE:LINE: message``).
+
+``--rules FILE`` loads operator rules (``handlers.rules``): their added signatures are tried on the lines the
+built-in families leave, and their overrides that need no event context (kind and code only) are applied to
+each signal's playbook -- a suppressed or application-only signal is not reported. ``--explain`` adds one key,
+``explain``, to each JSON object (and an indented block under each table row): the rule that matched, the
+span of the line it matched, and why the action and playbook follow (``handlers.signatures.explain``);
+signals an override dropped are then reported too, with ``explain.override`` naming the rule.
 """
 
 from __future__ import annotations
@@ -21,8 +29,10 @@ from typing import Any, BinaryIO
 
 import click
 
+from handlers.rules import Override, RulesError, RuleSet, load_rules
 from handlers.signatures import LineScanner, Signal
 from handlers.signatures.dcgm import alerts_in_payload, is_alert_payload
+from handlers.signatures.explain import explain as explain_signal
 
 ROW_KEYS = ("line", "kind", "xid", "pci_bus_id", "gpu_index", "action", "playbook")
 
@@ -69,9 +79,9 @@ def _payload_spans(text: str) -> list[tuple[int, int, list[Signal]]]:
     return spans
 
 
-def classify_text(text: str) -> list[Finding]:
+def classify_text(text: str, rules: RuleSet | None = None) -> list[Finding]:
     """Every signal in ``text`` (log lines and Alertmanager payloads), in input order."""
-    scanner = LineScanner()
+    scanner = LineScanner(rules=rules)
     found: list[Finding] = []
     cursor = 0
     line_no = 1
@@ -90,12 +100,39 @@ def classify_text(text: str) -> list[Finding]:
     return found
 
 
-def classify_stream(stream: BinaryIO) -> list[Finding]:
+def classify_stream(stream: BinaryIO, rules: RuleSet | None = None) -> list[Finding]:
     """Read ``stream`` to its end and classify it (UTF-8; undecodable bytes are replaced)."""
-    data = stream.read()
+    return classify_data(stream.read(), rules)
+
+
+def classify_data(data: bytes, rules: RuleSet | None = None) -> list[Finding]:
+    """Classify the bytes of one input (log lines and Alertmanager payloads)."""
     if b'"alerts"' not in data:
-        return [Finding(n, s) for n, s in LineScanner().scan_bytes(data.removesuffix(b"\n"))]
-    return classify_text(data.decode("utf-8", "replace"))
+        return [Finding(n, s) for n, s in LineScanner(rules=rules).scan_bytes(data.removesuffix(b"\n"))]
+    return classify_text(data.decode("utf-8", "replace"), rules)
+
+
+def overridden(findings: list[Finding], rules: RuleSet | None
+               ) -> list[tuple[Finding, Override | None, str | None, bool]]:
+    """``(finding, override, playbook before, kept)`` after the overrides that need no event context."""
+    out: list[tuple[Finding, Override | None, str | None, bool]] = []
+    for f in findings:
+        if not rules or not rules.overrides:
+            out.append((f, None, f.signal.playbook, True))
+            continue
+        sig, ov = rules.apply_to_signal(f.signal)
+        out.append((Finding(f.line, sig if sig is not None else f.signal), ov, f.signal.playbook, sig is not None))
+    return out
+
+
+def _explained(data: bytes, found: list[tuple[Finding, Override | None, str | None, bool]],
+               rules: RuleSet | None) -> list[dict[str, Any]]:
+    lines = data.decode("utf-8", "replace").split("\n")
+    rows = []
+    for f, ov, before, _kept in found:
+        text = lines[f.line - 1] if 0 < f.line <= len(lines) else ""
+        rows.append({**f.row(), "explain": explain_signal(text, f.signal, rules, ov, before)})
+    return rows
 
 
 def _table(rows: list[dict[str, Any]], source: str | None) -> Iterator[str]:
@@ -106,41 +143,68 @@ def _table(rows: list[dict[str, Any]], source: str | None) -> Iterator[str]:
         yield (prefix + "  ".join(_cell(r[k]).ljust(widths[k]) for k in ROW_KEYS)).rstrip()
 
 
+def _explain_lines(row: dict[str, Any]) -> Iterator[str]:
+    e = row["explain"]
+    where = f" at {e['span'][0]}-{e['span'][1]} {e['matched']!r}" if e["span"] else ""
+    yield f"line {row['line']}: {e['rule']}{where}"
+    for reason in e["because"]:
+        yield f"  - {reason}"
+
+
 def _cell(v: object) -> str:
     return "-" if v is None else str(v)
 
 
 @click.command("classify")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per signal on standard output.")
+@click.option("--rules", "rules_file", type=click.Path(dir_okay=False, exists=False), default=None,
+              help="Operator rules YAML: added signatures and overrides (see ARCHITECTURE.md).")
+@click.option("--explain", is_flag=True, help="Say for each signal which rule matched where, and why.")
 @click.argument("files", nargs=-1, type=click.Path(dir_okay=False, allow_dash=True))
-def classify(as_json: bool, files: tuple[str, ...]) -> None:
+def classify(as_json: bool, rules_file: str | None, explain: bool, files: tuple[str, ...]) -> None:
     """Report every GPU fault signal in log lines or Alertmanager JSON payloads (stdin when no FILE).
 
-    Each line is judged on its own. With --json: one object per signal with the keys line, kind, xid,
-    pci_bus_id, gpu_index, action and playbook; otherwise a table on standard error. Exit 0 whether or not
-    anything was found; 2 when a file cannot be read.
+    Each line is judged on its own, a record split over lines as one. With --json: one object per signal
+    with the keys line, kind, xid, pci_bus_id, gpu_index, action and playbook (and explain, with --explain);
+    otherwise a table on standard error. --rules FILE adds operator signatures and overrides. Exit 0 whether
+    or not anything was found; 2 when a file cannot be read or the rules file is invalid.
     """
+    rules: RuleSet | None = None
+    if rules_file is not None:
+        try:
+            rules = load_rules(rules_file)
+        except RulesError as exc:
+            click.echo(f"remediator classify: {exc}", err=True)
+            sys.exit(2)
     failed = False
     total = 0
     for name in files or ("-",):
         try:
             if name == "-":
-                findings = classify_stream(sys.stdin.buffer)
+                data = sys.stdin.buffer.read()
             else:
                 with open(name, "rb") as fh:
-                    findings = classify_stream(fh)
+                    data = fh.read()
         except OSError as exc:
             click.echo(f"remediator classify: cannot read {name}: {exc.strerror or exc}", err=True)
             failed = True
             continue
-        rows = [f.row() for f in findings]
-        total += len(rows)
+        found = overridden(classify_data(data, rules), rules)
+        if explain:
+            rows = _explained(data, [x for x in found if x[3] or explain], rules)
+        else:
+            rows = [f.row() for f, _ov, _pb, kept in found if kept]
+        total += sum(1 for x in found if x[3])
         if as_json:
             for r in rows:
                 click.echo(json.dumps(r))
         elif rows:
-            for text in _table(rows, name if len(files) > 1 else None):
+            for text in _table([{k: r[k] for k in ROW_KEYS} for r in rows], name if len(files) > 1 else None):
                 click.echo(text, err=True)
+            for r in rows:
+                if "explain" in r:
+                    for text in _explain_lines(r):
+                        click.echo(text, err=True)
     if not as_json:
         click.echo(f"{total} signal{'s' if total != 1 else ''} found", err=True)
     if failed:
