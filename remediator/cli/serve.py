@@ -31,22 +31,44 @@ from remediator.settings import Settings
                    "credentials (DIR/identity, mode 0600).")
 @click.option("--nats-port", type=click.IntRange(1, 65535), default=None,
               help="Port of the embedded nats-server (default: a free one).")
+@click.option("--insecure-no-auth", is_flag=True, default=None,
+              help="Serve /v1/* without bearer tokens (development only; said at every start and in /readyz).")
 @click.option("--log-level", default="INFO", show_default=True)
 def serve(kubeconfig: str | None, nats_url: str | None, http: str | None, dry_run: bool | None,
-          data_dir: str | None, nats_port: int | None, log_level: str) -> None:
+          data_dir: str | None, nats_port: int | None, insecure_no_auth: bool | None, log_level: str) -> None:
     """Run the service: ingest, handlers and executor against one cluster."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}')
     given = {"kubeconfig": kubeconfig, "nats_url": nats_url, "http": http, "dry_run": dry_run, "data_dir": data_dir,
-             "nats_port": nats_port}
+             "nats_port": nats_port, "insecure_no_auth": insecure_no_auth}
     overrides: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
     settings = load_settings(**overrides)
+    _check_tokens(settings)
     try:
         import uvloop
 
         uvloop.run(_serve(settings))
     except ImportError:  # uvloop is optional (uvicorn[standard] brings it); asyncio's loop works too
         asyncio.run(_serve(settings))
+
+
+def _check_tokens(settings: Settings) -> None:
+    """Refuse to serve an open API by accident: tokens must be configured (and parse), or
+    ``--insecure-no-auth`` given, which is then said at every start."""
+    from remediator.ingest.auth import ApiTokens, TokenConfigError
+
+    try:
+        tokens = ApiTokens.from_settings(settings.api_tokens, settings.api_tokens_file)
+    except TokenConfigError as e:
+        raise click.UsageError(str(e)) from None
+    if tokens and settings.insecure_no_auth:
+        raise click.UsageError("--insecure-no-auth and API tokens exclude each other: drop one")
+    if not tokens and not settings.insecure_no_auth:
+        raise click.UsageError("no API tokens: set REMEDIATOR_API_TOKENS (TOKEN or SCOPE:TOKEN, comma-separated) or "
+                               "REMEDIATOR_API_TOKENS_FILE, or pass --insecure-no-auth (development only)")
+    if not tokens:
+        click.echo("WARNING: HTTP authentication is off (--insecure-no-auth): anyone who reaches the API can post "
+                   "faults", err=True)
 
 
 async def _serve(settings: Settings) -> None:

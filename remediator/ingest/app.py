@@ -10,7 +10,10 @@ answer                 when
                        ``{"accepted", "duplicates", "ignored", "ids"}`` (``ids``: the event ids
                        published, new and duplicate, in payload order)
 400                    the body is not JSON
-401                    ``/v1/*`` without a valid bearer token while tokens are configured
+401                    ``/v1/*`` without a valid bearer token (``remediator.ingest.auth``)
+403                    a token whose scope does not include the endpoint (``SCOPE:TOKEN``)
+408                    the body did not arrive within ``http_body_timeout_s``
+415                    a body that is not ``Content-Type: application/json``
 413                    the body is larger than ``max_body_bytes`` (Content-Length or streamed)
 422                    the JSON is not a valid payload; ``field`` names the culprit
                        (``version``, ``alerts[2].fingerprint``, ``alerts[0].labels.node``,
@@ -18,8 +21,9 @@ answer                 when
 503 + Retry-After      the bus is down or did not ack in time; Alertmanager retries 5xx only
 =====================  =========================================================================
 
-Order of checks: auth, then size, then parsing; every alert is validated before anything is published, so a
-4xx publishes nothing. Alerts with no GPU signal are accepted and written to the cluster audit chain once
+Order of checks: auth (and scope), then Content-Type, then size, then parsing; every alert is validated
+before anything is published, so a 4xx publishes nothing. Alerts with no GPU signal are accepted and
+written to the cluster audit chain once
 (``event_ignored``); duplicates (JetStream's ``PubAck.duplicate``) are written to the node's chain
 (``duplicate_ignored``), bound to the event's provenance (``AuditContext.of_event``: fingerprint, job, GPU,
 trace). The ``event_accepted`` record is the dispatcher's, written when it takes the event.
@@ -32,8 +36,6 @@ together. Routes take the raw ``Request``: FastAPI's body models would parse the
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import inspect
 import logging
 import re
@@ -44,6 +46,7 @@ from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request, Response
+from fastapi.openapi.utils import get_openapi
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
@@ -53,6 +56,7 @@ from remediator.audit import AuditContext, AuditLog
 from remediator.bus import bus_ready, publish_event
 from remediator.contracts import AlertmanagerAlert, AlertmanagerPayload, FaultEvent, InboundEvent, utcnow
 from remediator.ingest.alerts import AlertError, alert_event_id, alert_to_event
+from remediator.ingest.auth import ApiTokens, Scope, TokenRefused
 from remediator.settings import Settings
 from remediator.telemetry import new_traceparent
 
@@ -73,6 +77,23 @@ _NOT_A_PRODUCERS = {
     "fingerprint": "an Alertmanager fingerprint is set by /v1/alertmanager only (its id space is ingest's)",
     "history_key": "the history key is set by dispatch on a decision, never on an event",
 }
+# Sources and id prefixes of the producers that do not post to /v1/events: claiming them would pre-empt
+# (as a duplicate) the real alert or agent event.
+_OTHER_PRODUCERS = ("alertmanager", "agent")
+INSECURE_NO_AUTH = "disabled (--insecure-no-auth): /v1/* accept requests without a token"
+_ERROR_BODY = {"application/json": {"schema": {"type": "object", "required": ["error"], "properties": {
+    "error": {"type": "string"}, "field": {"type": "string"},
+    "errors": {"type": "array", "items": {"type": "object"}}}}}}
+_ANSWERS = {"type": "object", "properties": {
+    "accepted": {"type": "integer"}, "duplicates": {"type": "integer"}, "ignored": {"type": "integer"},
+    "ids": {"type": "array", "items": {"type": "string"}}}}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"description": text, "content": _ERROR_BODY} for code, text in (
+        (400, "the body is not JSON"), (401, "no valid bearer token"),
+        (403, "the token's scope excludes this endpoint"),
+        (408, "the body did not arrive in time"), (413, "the body is over the size limit"),
+        (415, "the body is not application/json"), (422, "the JSON is not a valid payload (field names the culprit)"),
+        (503, "the bus is unavailable or did not ack; retry after Retry-After"))}
 
 
 class _Reject(Exception):
@@ -169,8 +190,9 @@ class _Ingest:
         self.publish_timeout = publish_timeout
         self.retry_after = str(retry_after_s)
         self.max_body = settings.max_body_bytes
-        # Tokens compared as SHA-256 digests: equal lengths, so compare_digest leaks nothing about them.
-        self.token_digests = [hashlib.sha256(t.encode()).digest() for t in sorted(settings.tokens)]
+        self.body_timeout_s = settings.http_body_timeout_s
+        # SHA-256 digests compared with compare_digest against every entry (remediator.ingest.auth)
+        self.tokens = ApiTokens.from_settings(settings.api_tokens, settings.api_tokens_file)
         self.metrics = IngestMetrics()
         # Alertmanager re-sends a firing group every repeat_interval: audit an ignored alert once per
         # notification id, not on every repeat (bounded; a restart audits it once more, which is harmless).
@@ -178,28 +200,19 @@ class _Ingest:
 
     # --- guards ----------------------------------------------------------------------------------
 
-    def _authorize(self, header: bytes | None) -> None:
-        if not self.token_digests:
-            return
-        scheme, _, token = (header or b"").partition(b" ")
-        token = token.strip()
-        if scheme.lower() != b"bearer" or not token:
-            raise _Reject(401, "a bearer token is required",
-                          headers={"WWW-Authenticate": 'Bearer realm="remediator"'})
-        given = hashlib.sha256(token).digest()
-        ok = False
-        for digest in self.token_digests:  # no early exit: the time taken does not say which token matched
-            ok |= hmac.compare_digest(given, digest)
-        if not ok:
-            raise _Reject(401, "invalid bearer token",
-                          headers={"WWW-Authenticate": 'Bearer realm="remediator", error="invalid_token"'})
+    def _authorize(self, header: bytes | None, scope: Scope) -> None:
+        try:
+            self.tokens.authorize(header, scope)
+        except TokenRefused as e:
+            raise _Reject(e.status, e.error, headers={"WWW-Authenticate": e.challenge}) from None
 
-    async def _read(self, request: Request) -> tuple[bytes, str | None]:
-        """Auth, then the size limit, then the body; returns the body and a valid ``traceparent`` or None.
+    async def _read(self, request: Request, scope: Scope) -> tuple[bytes, str | None]:
+        """Auth (``scope``), then Content-Type, then the size limit, then the body (within
+        ``http_body_timeout_s``); returns the body and a valid ``traceparent`` or None.
 
-        One pass over the raw ASGI headers (names are lower case there) instead of three lookups.
+        One pass over the raw ASGI headers (names are lower case there) instead of four lookups.
         """
-        auth = length = traceparent = None
+        auth = length = traceparent = ctype = None
         for name, value in request.scope["headers"]:
             if name == b"authorization":
                 auth = value
@@ -207,7 +220,12 @@ class _Ingest:
                 length = value
             elif name == b"traceparent":
                 traceparent = value
-        self._authorize(auth)
+            elif name == b"content-type":
+                ctype = value
+        self._authorize(auth, scope)
+        if ctype is None or ctype.split(b";", 1)[0].strip().lower() != b"application/json":
+            shown = ctype.decode("latin-1")[:80] if ctype is not None else "none"
+            raise _Reject(415, f"Content-Type must be application/json (got {shown})", field="Content-Type")
         if length is not None:
             if not length.isdigit():
                 raise _Reject(400, "Content-Length is not a number", field="Content-Length")
@@ -216,8 +234,14 @@ class _Ingest:
         chunks: list[bytes] = []
         size = 0
         receive = request.receive
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.body_timeout_s
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                raise _Reject(408, f"the body did not arrive within {self.body_timeout_s:g} s",
+                              headers={"Connection": "close"}) from None
             if message["type"] != "http.request":  # http.disconnect: nobody is left to answer
                 raise _Reject(400, "client disconnected before sending the whole body")
             chunk = message.get("body", b"")
@@ -239,7 +263,7 @@ class _Ingest:
         """Alertmanager webhook payload version 4; one event per GPU alert, answered once persisted."""
         start = time.perf_counter()
         try:
-            body, traceparent = await self._read(request)
+            body, traceparent = await self._read(request, "alertmanager")
             try:
                 payload = AlertmanagerPayload.model_validate_json(body)
             except ValidationError as e:
@@ -271,7 +295,7 @@ class _Ingest:
         """A JSON list of ``FaultEvent``s (one object is taken as a list of one); same answers."""
         start = time.perf_counter()
         try:
-            body, traceparent = await self._read(request)
+            body, traceparent = await self._read(request, "events")
             try:
                 raw = orjson.loads(body)
             except orjson.JSONDecodeError as e:
@@ -285,6 +309,14 @@ class _Ingest:
             received = utcnow()
             events: list[FaultEvent] = []
             for i, item in enumerate(inbound):
+                if item.source in _OTHER_PRODUCERS:
+                    raise _Reject(422, f"events[{i}].source: {item.source!r} is not a source /v1/events may claim "
+                                       f"(its events come from {item.source} itself); use api or chaos",
+                                  field=f"events[{i}].source", events=len(inbound))
+                claimed = next((p for p in _OTHER_PRODUCERS if item.id.startswith(f"{p}|")), None)
+                if claimed is not None:
+                    raise _Reject(422, f"events[{i}].id: ids starting {claimed}| are {claimed}'s id space",
+                                  field=f"events[{i}].id", events=len(inbound))
                 for owned in _NOT_A_PRODUCERS:
                     if (item.origin or {}).get(owned) is not None:
                         field = f"events[{i}].origin.{owned}"
@@ -410,10 +442,39 @@ def create_app(*, settings: Settings, nc: NATS, js: JetStreamContext, audit: Aud
     app.state.ingest = ingest
     app.state.metrics = ingest.metrics
 
+    def body_of(schema: str) -> dict[str, Any]:
+        return {"requestBody": {"required": True, "content": {_JSON: {"schema": {
+            "$ref": f"#/components/schemas/{schema}"}}}}, "security": [{"bearer": []}]}
+
+    answers = {200: {"description": "every event acked (new or duplicate)",
+                     "content": {_JSON: {"schema": _ANSWERS}}}, **_ERRORS}
     app.add_api_route("/v1/alertmanager", ingest.alertmanager, methods=["POST"], response_class=Response,
-                      summary="Alertmanager webhook (payload version 4)")
+                      summary="Alertmanager webhook (payload version 4)", responses=answers,
+                      openapi_extra=body_of("AlertmanagerPayload"))
     app.add_api_route("/v1/events", ingest.events, methods=["POST"], response_class=Response,
-                      summary="A list of FaultEvents from any producer")
+                      summary="A list of FaultEvents from any producer", responses=answers,
+                      openapi_extra=body_of("InboundEvents"))
+
+    def openapi() -> dict[str, Any]:
+        """FastAPI's document plus what the raw-``Request`` routes cannot tell it: the request bodies'
+        schemas and the bearer scheme."""
+        if app.openapi_schema is None:
+            doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+            ref = "#/components/schemas/{model}"
+            for name, adapter in (("AlertmanagerPayload", TypeAdapter(AlertmanagerPayload)),
+                                  ("InboundEvents", _EVENTS_ADAPTER)):
+                schema = adapter.json_schema(ref_template=ref)
+                schemas.update(schema.pop("$defs", {}))
+                schemas[name] = schema
+            doc["components"]["securitySchemes"] = {"bearer": {
+                "type": "http", "scheme": "bearer",
+                "description": "REMEDIATOR_API_TOKENS / api_tokens_file: TOKEN or SCOPE:TOKEN (alertmanager, "
+                               "events, auditor, admin)"}}
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.get("/healthz", response_class=Response)
     async def healthz() -> Response:
@@ -426,13 +487,16 @@ def create_app(*, settings: Settings, nc: NATS, js: JetStreamContext, audit: Aud
         API; ``remediator.readiness``); else 503 with a JSON body naming each condition and what is wrong."""
         if readiness is not None:
             report = readiness()
+            if not ingest.tokens:  # said at every start and here, for as long as it is so
+                report = {**report, "auth": INSECURE_NO_AUTH}
             body = orjson.dumps(report)
             if report.get("ready"):
                 return Response(body, media_type=_JSON)
             return Response(body, status_code=503, media_type=_JSON, headers={"Retry-After": str(retry_after_s)})
+        extra = {"auth": INSECURE_NO_AUTH} if not ingest.tokens else {}
         if await bus_ready(nc, js):
-            return Response(b'{"ready":true}', media_type=_JSON)
-        return Response(b'{"ready":false}', status_code=503, media_type=_JSON,
+            return Response(orjson.dumps({"ready": True, **extra}), media_type=_JSON)
+        return Response(orjson.dumps({"ready": False, **extra}), status_code=503, media_type=_JSON,
                         headers={"Retry-After": str(retry_after_s)})
 
     @app.get("/metrics", response_class=Response)

@@ -73,7 +73,8 @@ class Ingest:
         self.seen: list[FaultEvent] = []
         self.app = create_app(settings=settings, nc=nc, js=js, audit=self.audit, on_event=self.seen.append,
                               **app_kw)
-        self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://ingest")
+        self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://ingest",
+                                        headers={"Content-Type": "application/json"})  # as Alertmanager sends
 
     def auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {TOKEN}"} if self.settings.tokens else {}
@@ -143,7 +144,8 @@ async def uvicorn_server(app: Any) -> AsyncIterator[str]:
 async def test_webhook_answers_200_only_once_the_event_is_on_faults(make_ingest: MakeIngest) -> None:
     ing = await make_ingest(api_tokens=TOKEN)
     tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-    async with uvicorn_server(ing.app) as url, httpx.AsyncClient(base_url=url) as client:
+    async with uvicorn_server(ing.app) as url, httpx.AsyncClient(
+            base_url=url, headers={"Content-Type": "application/json"}) as client:
         r = await client.post("/v1/alertmanager", json=payload(gpu_alert()),
                               headers={**ing.auth(), "traceparent": tp})
         # read back at once, no polling: a 200 means JetStream already holds the event
