@@ -47,6 +47,7 @@ from remediator.dispatch import Dispatcher
 from remediator.errors import SetupError
 from remediator.executor import Executor
 from remediator.ingest.app import create_app
+from remediator.ingest.server import uvicorn_limits
 from remediator.metrics import ServiceMetrics
 from remediator.natsd import EmbeddedNats
 from remediator.owners import OwnerResolver
@@ -185,7 +186,8 @@ class Service:
                              service_metrics=self.metrics.render, readiness=self.readiness.report)
             audit_api.mount(app, AuditReader(self.js), s)  # the read-only /v1/audit API and /audit/ view
             config = uvicorn.Config(app, host=s.http_host, port=s.http_port, log_level="warning",
-                                    access_log=False, lifespan="off")
+                                    access_log=False, lifespan="off",
+                                    **uvicorn_limits(s.http_header_timeout_s, s.http_keep_alive_s))
             self._http = _EmbeddedServer(config)
             self._tasks.append(asyncio.create_task(self._http.serve(), name="http"))
             while not self._http.started:
