@@ -30,11 +30,12 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from remediator import bus
-from remediator.audit import AuditQuery, iter_records, query, verify_chains
+from remediator.audit import AuditQuery, iter_records, query, verify_trail
 from remediator.audit_api.reader import IncidentFilter, incident_timeline, summarize
 from remediator.contracts import AuditRecord
 from remediator.natsd import EmbeddedNats, NatsServerNotFound
 from remediator.settings import Settings
+from remediator.signing import SERVICE_KEY_FILE, SigningKeyError, TrustSet, load_signer
 from remediator.subjects import AUDIT_STREAM
 
 T = TypeVar("T")
@@ -229,19 +230,41 @@ def show(nats_url: str | None, data_dir: str | None, incident: str, truncate: in
                 click.echo(f"    {label}: {text}")
 
 
+def trust_of(data_dir: str | None, keys: tuple[str, ...]) -> TrustSet | None:
+    """Whose signatures ``verify`` accepts: ``--trust-key``s, ``REMEDIATOR_AUDIT_TRUST_KEYS`` and, with
+    ``--data-dir``, that store's service key (``identity/service.nk``); None when nothing is named."""
+    try:
+        trust = TrustSet([*keys, Settings().audit_trust_keys])
+        if data_dir is not None and (Path(data_dir) / "identity" / SERVICE_KEY_FILE).exists():
+            trust = TrustSet.of(trust.keys, [load_signer(Path(data_dir) / "identity" / SERVICE_KEY_FILE)])
+    except SigningKeyError as e:
+        raise click.UsageError(f"trust keys: {e}") from None
+    return trust or None
+
+
 @audit.command("verify")
 @_nats_opt
 @_data_dir_opt
+@click.option("--trust-key", "trust_keys", multiple=True, metavar="PUBKEY",
+              help="Public nkey of a replica or operator whose records count (repeatable; also "
+                   "REMEDIATOR_AUDIT_TRUST_KEYS; --data-dir trusts its store's service key).")
 @click.option("--json", "as_json", is_flag=True)
-def verify(nats_url: str | None, data_dir: str | None, as_json: bool) -> None:
-    """Check every chain's hashes and links; exit 1 when one is broken."""
-    reports = verify_chains(_read(nats_url, data_dir, _all))
+def verify(nats_url: str | None, data_dir: str | None, trust_keys: tuple[str, ...], as_json: bool) -> None:
+    """Check every chain: hashes, links, signatures against the trust set, and the signed checkpoints (a
+    removed tail, a purged chain or stream); exit 0 when intact, 1 naming the first broken link."""
+    trust = trust_of(data_dir, trust_keys)
+    if trust is None:
+        click.echo("warning: no trust keys (--trust-key, REMEDIATOR_AUDIT_TRUST_KEYS): signatures are checked "
+                   "against their own signer only, so a record forged with another key is not detected", err=True)
+    reports = _read(nats_url, data_dir, lambda js: verify_trail(js, trust))
     if as_json:
         sys.stdout.write(json.dumps([r.__dict__ for r in reports]) + "\n")
     else:
         for rep in reports:
             click.echo(f"{rep.chain:<32} {rep.records:>6} records  {'ok' if rep.ok else 'BROKEN: ' + rep.problem}")
-    if not all(r.ok for r in reports):
+    broken = [r for r in reports if not r.ok]
+    if broken:
+        click.echo(f"first broken link: {broken[0].chain}: {broken[0].problem}", err=True)
         sys.exit(1)
 
 
