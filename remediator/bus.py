@@ -228,7 +228,8 @@ async def connect_within(url: str, timeout_s: float, name: str = "remediator", *
         return await asyncio.wait_for(connect(url, name=name, **opts), timeout_s)
     except (TimeoutError, nats.errors.NoServersError, OSError) as e:
         why = last[0] if last else e
-        raise SetupError(f"cannot reach NATS at {url} within {timeout_s:g}s ({type(why).__name__}: {why}); "
+        because = f"{type(why).__name__}: {why}" if str(why) else type(why).__name__
+        raise SetupError(f"cannot reach NATS at {url} within {timeout_s:g}s ({because}); "
                          "check --nats URL / REMEDIATOR_NATS_URL and that the servers are up") from e
 
 

@@ -127,7 +127,8 @@ async def _with_js(url: str, fn: Callable[[JetStreamContext], Awaitable[T]]) -> 
     try:
         nc, js = await bus.connect(url, name="remediator-audit", max_reconnect_attempts=2, error_cb=_quiet)
     except (NoServersError, OSError, TimeoutError, NatsError) as e:
-        raise click.ClickException(f"cannot reach NATS at {url}: {type(e).__name__} {e}".rstrip()) from None
+        raise click.ClickException(f"cannot reach NATS at {url}: {type(e).__name__} {e}".rstrip()
+                                       + "; check --nats URL / REMEDIATOR_NATS_URL") from None
     try:
         return await fn(js)
     except NotFoundError:
@@ -311,7 +312,8 @@ def serve(nats_url: str | None, data_dir: str | None, http: str, insecure_no_aut
             nc, js = await bus.connect(url, name="remediator-audit-serve", max_reconnect_attempts=-1,
                                        error_cb=_quiet)
         except (NoServersError, OSError, TimeoutError, NatsError) as e:
-            raise click.ClickException(f"cannot reach NATS at {url}: {type(e).__name__} {e}".rstrip()) from None
+            raise click.ClickException(f"cannot reach NATS at {url}: {type(e).__name__} {e}".rstrip()
+                                       + "; check --nats URL / REMEDIATOR_NATS_URL") from None
         try:
             reader = AuditReader(js)
             try:

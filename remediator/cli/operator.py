@@ -43,8 +43,22 @@ def _actor(actor: str | None) -> str:
 
 async def _state(url: str, creds: str | None = None) -> tuple[Any, Any, Any]:
     opts: dict[str, Any] = {"user_credentials": creds} if creds else {}
-    nc, js = await bus.connect(url, name="remediator-operator", **opts)
-    return nc, js, await js.key_value(STATE_BUCKET)
+    # Bounded, one line on failure (remediator.cli.edges); a bus without the bucket names `bus init`.
+    from nats.js.errors import NotFoundError
+
+    from remediator.errors import SetupError
+    from remediator.settings import Settings
+
+    nc, js = await bus.connect_within(url, Settings().startup_timeout_s, name="remediator-operator", quiet=True,
+                                      **opts)
+    try:
+        return nc, js, await js.key_value(STATE_BUCKET)
+    except NotFoundError as e:
+        await nc.close()
+        raise SetupError(f"no KV bucket {STATE_BUCKET} on {url}; run `remediator bus init` against it") from e
+    except BaseException:
+        await nc.close()
+        raise
 
 
 async def breaker_status(url: str) -> dict[str, Any]:

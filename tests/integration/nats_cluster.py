@@ -36,7 +36,8 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def bus_init(url: str, *args: str, env: dict[str, str] | None = None, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+def bus_init(url: str, *args: str, env: dict[str, str] | None = None,
+             timeout: float = 90) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, "bus", "init", "--nats", url, *args], env=env or cli_env(), text=True,
                           capture_output=True, timeout=timeout)
 
