@@ -240,6 +240,61 @@ class RuleSet:
 EMPTY = RuleSet()
 
 
+class RulesSource:
+    """The rules of one file as they are now: loaded at start, reloaded when the file changes.
+
+    ``current()`` is what dispatch calls per decision (a plain attribute read). ``reload_if_changed``
+    re-reads the file when its modification time or size changed; a file that no longer loads leaves the
+    rules in force unchanged and its errors in ``last_error``. A source without a path is always empty.
+    """
+
+    def __init__(self, path: str | Path | None) -> None:
+        self.path = None if path is None else Path(path)
+        self._rules: RuleSet = EMPTY
+        self._stamp: tuple[int, int] | None = None
+        self.last_error: str | None = None
+        self.generation = 0  # how many times rules were (re)loaded
+
+    def current(self) -> RuleSet:
+        """The rules in force."""
+        return self._rules
+
+    def load(self) -> RuleSet:
+        """Load the file now; ``RulesError`` when it cannot be used (the start of ``serve`` fails on it)."""
+        if self.path is None:
+            return self._rules
+        stamp = self._stat()
+        self._rules = load_rules(self.path)
+        self._stamp, self.last_error = stamp, None
+        self.generation += 1
+        return self._rules
+
+    def reload_if_changed(self) -> bool:
+        """Reload when the file changed; True when new rules are now in force."""
+        if self.path is None:
+            return False
+        stamp = self._stat()
+        if stamp == self._stamp:
+            return False
+        self._stamp = stamp
+        try:
+            self._rules = load_rules(self.path)
+        except RulesError as exc:
+            self.last_error = str(exc)
+            return False
+        self.last_error = None
+        self.generation += 1
+        return True
+
+    def _stat(self) -> tuple[int, int] | None:
+        assert self.path is not None
+        try:
+            st = self.path.stat()
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size
+
+
 # --- loading ----------------------------------------------------------------------------------------
 
 
@@ -467,4 +522,4 @@ def _longest_literal(pattern: str) -> str:
 
 
 __all__ = ["EMPTY", "NODE_POOL_LABELS", "RULES_VERSION", "Applied", "Match", "Override", "RuleSet", "RulesError",
-           "UserSignature", "load_rules", "parse_rules"]
+           "RulesSource", "UserSignature", "load_rules", "parse_rules"]

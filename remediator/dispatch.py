@@ -39,6 +39,7 @@ from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
 from handlers.base import HandlerRegistry, HandlerSpec, Verdict, incident_id_for
+from handlers.rules import RuleSet
 from remediator import consumers
 from remediator.audit import AuditContext, AuditLog, IncidentAudit, decision_after
 from remediator.bus import PermanentError, dead_letter_publisher, settle
@@ -48,6 +49,7 @@ from remediator.state import StateConflict, StateStore
 from remediator.subjects import (
     STATE_BUCKET,
     decision_key,
+    faults_subject,
     node_from_token,
     node_key,
     remediation_subject,
@@ -84,13 +86,27 @@ class DispatchStats:
     by_handler: dict[str, int] = field(default_factory=dict)
 
 
+def subject_mismatch(subject: str, event: FaultEvent) -> str | None:
+    """Why an agent event is refused, or None: it arrived on ``faults.agent.<node>`` (or says it is from an
+    agent) and its body names another source or node than that subject, which is its publisher's."""
+    parts = subject.split(".")
+    from_agent_subject = len(parts) == 3 and parts[0] == "faults" and parts[1] == "agent"
+    if not from_agent_subject and event.source != "agent":
+        return None
+    if subject == faults_subject(event.source, event.node):
+        return None
+    return (f"{event.source} event for node {event.node} arrived on {subject}: an agent speaks only for "
+            "its own node")
+
+
 class Dispatcher:
     """Runs the handlers over FAULTS. ``handle`` is the whole per-event logic; ``on_message`` one delivery;
     ``run`` consumes until stopped."""
 
     def __init__(self, nc: NATS, js: JetStreamContext, state_kv: KeyValue, settings: Settings, audit: AuditLog,
                  registry: HandlerRegistry, clock: Callable[[], datetime] = utcnow, batch: int = 128,
-                 origins: Callable[[FaultEvent], Awaitable[FaultEvent]] | None = None) -> None:
+                 origins: Callable[[FaultEvent], Awaitable[FaultEvent]] | None = None,
+                 rules: Callable[[], RuleSet] | None = None) -> None:
         self._nc = nc
         self._js = js
         self._kv = state_kv
@@ -99,6 +115,7 @@ class Dispatcher:
         self._audit = audit
         self._registry = registry
         self._origins = origins  # fills origin.job from the pod's owner (remediator.owners), when given
+        self._rules = rules  # operator overrides in force (handlers.rules.RulesSource.current), when given
         self._clock = clock
         self._batch = batch
         self.stats = DispatchStats()
@@ -180,6 +197,13 @@ class Dispatcher:
             if verdict.decision is not None:
                 verdict = replace(verdict, decision=with_provenance(verdict.decision, event, key))
                 assert verdict.decision is not None
+                if self._rules is not None:  # operator overrides: routed (named in evidence) or dropped
+                    applied = self._rules().apply(verdict.decision, event)
+                    if applied.decision is None:
+                        verdict = replace(verdict, decision=None, reason=applied.reason)
+                    else:
+                        verdict = replace(verdict, decision=applied.decision)
+            if verdict.decision is not None:
                 await self._store_decision(verdict.decision)
             if verdict.history == history or await self._state.compare_and_set(key, verdict.history, revision):
                 return verdict
@@ -214,6 +238,8 @@ class Dispatcher:
         return out
 
     # --- one delivery -------------------------------------------------------------------------------
+    # An agent's NATS identity may publish on faults.agent.<its node> only (remediator.identity.roles), so
+    # the subject names the publisher; the body must name the same source and node (subject_mismatch).
 
     async def on_message(self, msg: Msg) -> None:
         """Handle one FAULTS delivery and settle it (``bus.settle``): the entry point of the ``dispatch``
@@ -225,7 +251,12 @@ class Dispatcher:
             except ValidationError as exc:
                 raise PermanentError(f"not a FaultEvent v1: {exc.errors()[0]['msg']}") from exc
             with span("dispatch", msg.headers) as sp:
-                await self.handle(event, trace_id=trace_id_of(sp), traceparent=traceparent_of(sp))
+                refusal = subject_mismatch(msg.subject, event)
+                if refusal is not None:  # audited and acked: a redelivery would say the same
+                    await self._audit.bind(AuditContext.of_event(event, trace_id_of(sp))).append(
+                        "event_ignored", refusal, after={"subject": msg.subject, "refused": "subject_mismatch"})
+                else:
+                    await self.handle(event, trace_id=trace_id_of(sp), traceparent=traceparent_of(sp))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # mapped to ack/nak/term by settle, the one place that decides

@@ -35,6 +35,7 @@ from nats.js.client import JetStreamContext
 
 from handlers import HandlerPolicies, build_registry
 from handlers.base import HandlerRegistry
+from handlers.rules import RulesError, RulesSource
 from playbooks.catalog import PlaybookCatalog
 from remediator import bus, consumers, telemetry
 from remediator.adapters.agent import AgentClient, AgentKeys
@@ -53,6 +54,7 @@ from remediator.natsd import EmbeddedNats
 from remediator.owners import OwnerResolver
 from remediator.readiness import Readiness
 from remediator.reconciler import Reconciler
+from remediator.rules_watch import watch_rules
 from remediator.settings import Settings
 from remediator.signing import service_signer
 from remediator.subjects import FAULTS_STREAM, STATE_BUCKET
@@ -101,6 +103,7 @@ class Service:
     js: JetStreamContext | None = None
     audit: AuditLog | None = None
     registry: HandlerRegistry | None = None
+    rules: RulesSource | None = None  # the operator rules file, hot-reloaded (remediator.rules_watch)
     dispatcher: Dispatcher | None = None
     executor: Executor | None = None
     reconciler: Reconciler | None = None
@@ -164,8 +167,18 @@ class Service:
                               checkpoint_every=s.audit_checkpoint_records,
                               checkpoint_interval_s=s.audit_checkpoint_interval_s)
         self.kube = _kube_port(s)
+        hs = s.handlers_view()
+        self.rules = RulesSource(hs.rules_file)
+        try:
+            self.rules.load()  # an invalid rules file stops the start, naming each FILE:LINE problem
+        except RulesError as e:
+            raise SetupError(f"rules file: {e}") from e
         self.dispatcher = await Dispatcher.create(self.nc, self.js, s, self.audit, registry=self.registry,
-                                                  clock=self.clock, origins=OwnerResolver(self.kube))
+                                                  clock=self.clock, origins=OwnerResolver(self.kube),
+                                                  rules=self.rules.current)
+        if hs.rules_file:
+            self._tasks.append(asyncio.create_task(watch_rules(self.rules, self._stop, hs.rules_poll_s),
+                                                   name="rules-watch"))
         self.executor = Executor(self.nc, self.js, s, self.kube, self.audit, PlaybookCatalog.load(),
                                  AgentClient(self.nc, signer=signer, command_ttl_s=s.agent_command_ttl_s,
                                              keys=AgentKeys(self.nc, cache_s=s.agent_key_cache_s)),

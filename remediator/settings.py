@@ -104,6 +104,8 @@ class HandlerSettings:
     memleak_growth_window_s: float
     memleak_growth_min_span_s: float
     memleak_growth_rising_fraction: float
+    rules_file: str | None = None
+    rules_poll_s: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -368,6 +370,13 @@ class Settings(BaseSettings):
     )
     memleak_growth_rising_fraction: float = _in(
         "handlers", default=0.8, gt=0, le=1, description="Fraction of sample-to-sample steps that must rise."
+    )
+    rules_file: str | None = _in(
+        "handlers", default=None,
+        description="Operator rules YAML (added signatures, decision overrides); reloaded while serve runs.",
+    )
+    rules_poll_s: float = _in(
+        "handlers", default=5.0, gt=0, description="How often serve checks the rules file for changes."
     )
 
     # --- safety -----------------------------------------------------------------------------------------
