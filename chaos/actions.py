@@ -76,7 +76,7 @@ async def agent_disconnect(world: World, node: str, down_s: float) -> str:
     outage = Outage(f"the agent of {node}", node, datetime.now(UTC))
     world.outages.append(outage)
     await asyncio.sleep(down_s)
-    agent = sim_agent(world.sim(node), nats_url=world.nats_url, **world.agent_options)
+    agent = sim_agent(world.sim(node), nats_url=world.nats_url, **world.agent_config(node))
     world.fleet.agents[node] = agent
     await agent.start()
     outage.end = datetime.now(UTC)

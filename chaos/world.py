@@ -4,7 +4,9 @@ Where it sits: under the drill runner (``chaos.runner``), above the simulator (`
 service (``remediator.service``, run as ``chaos.replica`` replicas). ``environment`` starts, on one
 machine:
 
-* an embedded ``nats-server`` with JetStream (its store in a temporary directory, or in ``data_dir``);
+* an embedded ``nats-server`` with JetStream (its store in a temporary directory, or in ``data_dir``), in
+  operator mode: the replicas connect as the ``service`` role, each agent with its own node's credentials
+  (announced as its key in KV), the harness's observer as ``admin`` (it declares the bus);
 * the Kubernetes API simulator with N GPU nodes, their training pods (PyTorchJobs and batch Jobs),
   DaemonSet pods and PodDisruptionBudgets, plus any extra Jobs a drill pins to a node (``ExtraJob``);
 * one simulated GPU node per Kubernetes node and the real node agent on it (on every node, or on the nodes
@@ -43,6 +45,9 @@ from chaos.sim.gpu_node import SimFleet, SimGpuNode
 from remediator import bus
 from remediator.audit import iter_records
 from remediator.contracts import AuditRecord
+from remediator.identity import agents as agents_identity
+from remediator.identity import creds
+from remediator.identity.issuer import Issued
 from remediator.natsd import EmbeddedNats, free_port
 from remediator.service import Service
 from remediator.settings import Settings
@@ -91,13 +96,19 @@ class World:
     label: str = "drill"
     overrides: dict[str, Any] = field(default_factory=dict)
     crashable: bool = False
-    agent_options: dict[str, Any] = field(default_factory=dict)
+    agent_options: dict[str, Any] = field(default_factory=dict)  # every agent's AgentConfig fields
     replicas: list[Replica] = field(default_factory=list)
     nc: NATS | None = None
     js: JetStreamContext | None = None
     kube_faults: list[InjectedFault] = field(default_factory=list)
     outages: list[Outage] = field(default_factory=list)
     start_rv: int = 0
+
+    def agent_config(self, node: str) -> dict[str, Any]:
+        """``node``'s agent's ``AgentConfig`` fields: the shared options and its own credentials."""
+        own = self.root / "creds" / f"{node}.creds"
+        ids = {"creds_file": str(own), "signing_seed_file": str(own)} if own.exists() else {}
+        return {**self.agent_options, **ids}
 
     def gpu_uuid(self, node: str, index: int) -> str:
         return self.fleet.nodes[node].identity(index).uuid or ""
@@ -164,13 +175,32 @@ async def start_replica(world: World, kube: KubeApiServer | None = None) -> Repl
         world.crashable and world.nats_server is not None) else None
     settings = harness_settings(relay.url if relay else world.nats_url, kubeconfig,
                                 f"{world.label}-replica-{index}", world.overrides)
-    service = Service(settings, provision=index == 0)
+    if world.nats_server is not None and world.nats_server.secure:  # replicas connect as the service role
+        settings = settings.model_copy(update={"nats_creds_file": world.nats_server.creds("service")})
+        if index == 0:  # the service role may not declare streams: the harness does, as bus init would
+            await bus.provision(_admin(world), settings)
+    service = Service(settings, provision=index == 0 and not (world.nats_server and world.nats_server.secure))
     replica = Replica(index, service, kube, relay)
     world.replicas.append(replica)
     with replicas.starting(replica):
         await service.start()
     world.base_url = service.http_url
     return replica
+
+
+def _admin(world: World) -> JetStreamContext:
+    assert world.js is not None
+    return world.js
+
+
+def issue_agent_creds(server: EmbeddedNats, nodes: Sequence[str], root: Path) -> dict[str, Issued]:
+    """Each node's own agent credentials from the embedded operator, written to ``root/<node>.creds``."""
+    assert server.store is not None
+    now = datetime.now(UTC)
+    issued = {n: server.store.issue("agent", node=n, now=now) for n in nodes}
+    for n, one in issued.items():
+        creds.write(root / f"{n}.creds", one.jwt, one.user)
+    return issued
 
 
 @contextlib.asynccontextmanager
@@ -191,7 +221,8 @@ async def environment(progress: Progress, *, nodes: int = 8, pools: int = 1, gpu
     previous_factory = replicas.install_task_tags(loop)
     try:
         with (tempfile.TemporaryDirectory(prefix=f"remediator-{label}-") as tmp,
-              EmbeddedNats(data_dir=None if data_dir is None else str(data_dir), port=nats_port) as nats_server):
+              EmbeddedNats(data_dir=None if data_dir is None else str(data_dir), port=nats_port,
+                           secure=True) as nats_server):
             root = Path(tmp)
             progress(f"• embedded nats-server with JetStream on {nats_server.url}"
                      + (f", store in {data_dir}" if data_dir is not None else ""))
@@ -210,8 +241,10 @@ async def environment(progress: Progress, *, nodes: int = 8, pools: int = 1, gpu
                 key_home = data_dir if data_dir is not None else root
                 service_key = service_signer(key_home)
                 agent_options: dict[str, Any] = {"nvml_interval_s": 0.5, "trust_keys": (service_key.public_key,)}
+                agent_ids = issue_agent_creds(nats_server, names, root / "creds")  # one identity per node
                 fleet = SimFleet(root / "nodes", names, nats_url=nats_server.url, gpus=gpus,
-                                 agent_options=agent_options)
+                                 agent_options=agent_options,
+                                 agent_creds={n: str(root / "creds" / f"{n}.creds") for n in names})
                 with_agents = set(names) if agents is None else set(agents)
                 for n in set(names) - with_agents:
                     del fleet.agents[n]
@@ -220,7 +253,8 @@ async def environment(progress: Progress, *, nodes: int = 8, pools: int = 1, gpu
                     progress(f"• {nodes} simulated GPU nodes x {gpus} GPUs, "
                              + ("each with its node agent" if with_agents == set(names)
                                 else f"node agents on {len(with_agents)} of them"))
-                    nc, js = await bus.connect(nats_server.url, name=f"{label}-observer")
+                    nc, js = await bus.connect(nats_server.url, name=f"{label}-observer",  # the harness: admin
+                                               credentials=bus.Credentials(creds_file=nats_server.creds("admin")))
                     async with httpx.AsyncClient(timeout=10) as http:
                         world = World(cluster, fleet, Settings(), http, "", datetime.now(UTC), seeded,
                                       nats_server=nats_server, root=root, label=label,
@@ -230,6 +264,8 @@ async def environment(progress: Progress, *, nodes: int = 8, pools: int = 1, gpu
                         sync_task: asyncio.Task[None] | None = None
                         try:
                             replica = await start_replica(world, kube)
+                            for one in agent_ids.values():  # the executor trusts each agent's own key
+                                await agents_identity.announce(js, one)
                             world.settings = replica.service.settings
                             progress(f"• service: ingest on {replica.service.http_url}, dispatch, executor")
                             world.started = datetime.now(UTC) - timedelta(seconds=1)

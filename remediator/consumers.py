@@ -68,6 +68,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -195,17 +196,29 @@ def consumer_broker(url: str, *, name: str, graceful_timeout: float = GRACEFUL_S
         from faststream.security import BaseSecurity
 
         identity["security"] = BaseSecurity(ssl_context=tls)
-    return NatsBroker(
+    broker = NatsBroker(
         servers, name=name, **identity, allow_reconnect=True, max_reconnect_attempts=-1, reconnect_time_wait=2,
         connect_timeout=2, ping_interval=20, max_outstanding_pings=3, graceful_timeout=graceful_timeout,
         ack_policy=ACK_POLICY, apply_types=False, decoder=_the_delivery, logger=log, log_level=logging.DEBUG,
     )
+    _INBOX_OF[broker] = f"{identity.get('inbox_prefix') or '_INBOX'}.".encode()
+    return broker
+
+
+_INBOX_OF: weakref.WeakKeyDictionary[NatsBroker, bytes] = weakref.WeakKeyDictionary()
+
+
+def _inbox_prefix(broker: NatsBroker) -> bytes:
+    """Where a pull subscriber of ``broker`` receives: its identity's inbox (faststream defaults every
+    subscriber to ``_INBOX.``, which a role of ``remediator.identity.roles`` may not subscribe to)."""
+    return _INBOX_OF.get(broker, b"_INBOX.")
 
 
 def broker_like(nc: NATS, role: str) -> NatsBroker:
     """A ``consumer_broker`` for the servers ``nc`` knows, named after ``nc`` and ``role``."""
     url = ",".join(u.geturl() for u in nc.servers)
-    return consumer_broker(url, name=f"{nc.options.get('name') or 'remediator'}-{role}", auth=auth_of(nc))
+    return consumer_broker(url, name=f"{nc.options.get('name') or 'remediator'}-{role}",
+                           auth=auth_of(nc))
 
 
 def declare_dispatch(broker: NatsBroker, dispatcher: MessageConsumer, *,
@@ -218,7 +231,8 @@ def declare_dispatch(broker: NatsBroker, dispatcher: MessageConsumer, *,
     subscriber = broker.subscriber(
         DISPATCH.subject, stream=JStream(DISPATCH.stream, declare=False), durable=DISPATCH.durable,
         pull_sub=PullSub(batch_size=batch, timeout=PULL_TIMEOUT_S), ack_policy=ACK_POLICY,
-        title="dispatch", description="fault events to the handlers, one node in order",
+        inbox_prefix=_inbox_prefix(broker), title="dispatch",
+        description="fault events to the handlers, one node in order",
     )
 
     async def dispatch_fault(msg: Msg) -> None:
@@ -235,7 +249,7 @@ def declare_executor(broker: NatsBroker, executor: MessageConsumer, *, concurren
     subscriber = broker.subscriber(
         EXECUTOR.subject, stream=JStream(EXECUTOR.stream, declare=False), durable=EXECUTOR.durable,
         pull_sub=PullSub(batch_size=1, timeout=PULL_TIMEOUT_S), max_workers=concurrency, ack_policy=ACK_POLICY,
-        title="executor", description="decisions to the executor",
+        inbox_prefix=_inbox_prefix(broker), title="executor", description="decisions to the executor",
     )
 
     async def execute_decision(msg: Msg) -> None:

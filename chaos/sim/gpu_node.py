@@ -647,6 +647,12 @@ def sim_agent(node: SimGpuNode, *, nats_url: str, state_dir: Path | str | None =
                  gpus=node, host=node, pods=node)
 
 
+def _identity(node: str, agent_creds: dict[str, str] | None) -> dict[str, Any]:
+    """The agent's own ``.creds`` (its NATS identity and the key it signs replies with), when given."""
+    path = (agent_creds or {}).get(node)
+    return {"creds_file": path, "signing_seed_file": path} if path else {}
+
+
 class SimFleet:
     """N simulated GPU nodes and their agents in one process (the demo and drills use 8).
 
@@ -656,17 +662,20 @@ class SimFleet:
             fleet.nodes["gpu-node-3"].inject_xid(2, 79)
             fleet.agents["gpu-node-3"].stats()
 
-    ``agent_options`` are ``AgentConfig`` fields for every agent (e.g. ``nvml_interval_s=1.0``).
+    ``agent_options`` are ``AgentConfig`` fields for every agent (e.g. ``nvml_interval_s=1.0``);
+    ``agent_creds`` each node's agent ``.creds`` file (node → path).
     """
 
     def __init__(self, root: Path | str, nodes: Sequence[str] | int, *, nats_url: str, gpus: int = 8,
-                 agent_options: dict[str, Any] | None = None, clock: Callable[[], float] = time.time) -> None:
+                 agent_options: dict[str, Any] | None = None, clock: Callable[[], float] = time.time,
+                 agent_creds: dict[str, str] | None = None) -> None:
         names = [f"gpu-node-{i}" for i in range(nodes)] if isinstance(nodes, int) else list(nodes)
         self.root = Path(root)
         self.nodes: dict[str, SimGpuNode] = {
             n: SimGpuNode(self.root / n, name=n, gpus=gpus, clock=clock) for n in names}
         self.agents: dict[str, Agent] = {
-            n: sim_agent(node, nats_url=nats_url, **(agent_options or {})) for n, node in self.nodes.items()}
+            n: sim_agent(node, nats_url=nats_url, **(agent_options or {}), **_identity(n, agent_creds))
+            for n, node in self.nodes.items()}
 
     async def start(self) -> None:
         for agent in self.agents.values():

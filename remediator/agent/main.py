@@ -36,6 +36,7 @@ from remediator.agent.podlogs import PodLogScanner
 from remediator.agent.publisher import BusLink, Publisher
 from remediator.agent.spool import DEFAULT_MAX_BYTES, Spool
 from remediator.agent.state import DEFAULT_BOOT_ID_PATH, StateStore, read_boot_id
+from remediator.bus import Credentials
 from remediator.contracts import FaultEvent, utcnow
 from remediator.signing import TrustSet, load_signer, local_signer
 
@@ -51,6 +52,7 @@ class AgentConfig:
     node: str
     state_dir: Path | str
     nats_url: str = "nats://127.0.0.1:4222"
+    creds_file: Path | str | None = None  # this node's agent .creds (remediator bus creds --role agent --node)
     spool_dir: Path | str | None = None  # default: <state_dir>/spool
     kmsg_path: str | None = None  # /dev/kmsg, a kmsg-format file, or a dmesg/syslog text file
     journal: bool = False
@@ -113,7 +115,8 @@ class Agent:
         self.state = StateStore(config.state_dir)
         self.spool = Spool(config.spool_dir or Path(config.state_dir) / "spool", max_bytes=config.spool_max_bytes)
         self.link = BusLink(config.nats_url, name=f"remediator-agent-{config.node}",
-                            reconnect_wait_s=config.reconnect_wait_s)
+                            reconnect_wait_s=config.reconnect_wait_s,
+                            credentials=Credentials(creds_file=str(config.creds_file)) if config.creds_file else None)
         self.publisher = Publisher(self.link, self.spool, publish_timeout_s=config.publish_timeout_s)
         self.directory = GpuDirectory()
         self.signer = (load_signer(config.signing_seed_file) if config.signing_seed_file

@@ -23,7 +23,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
 from remediator.agent.spool import Spool
-from remediator.bus import connect, publish_event
+from remediator.bus import Credentials, connect, publish_event
 from remediator.contracts import FaultEvent
 
 log = logging.getLogger(__name__)
@@ -38,8 +38,9 @@ class BusLink:
     """One NATS connection for the agent, established in the background and kept up."""
 
     def __init__(self, url: str, *, name: str, reconnect_wait_s: float = 0.5, connect_retry_s: float = 1.0,
-                 connect_timeout_s: float = 2.0) -> None:
+                 connect_timeout_s: float = 2.0, credentials: Credentials | None = None) -> None:
         self.url = url
+        self.credentials = credentials  # this node's agent identity (its .creds file); None: anonymous
         self.name = name
         self.reconnect_wait_s = reconnect_wait_s
         self.connect_retry_s = connect_retry_s
@@ -66,7 +67,7 @@ class BusLink:
         while self.nc is None:
             try:
                 nc, js = await connect(
-                    self.url, name=self.name, reconnect_time_wait=self.reconnect_wait_s,
+                    self.url, name=self.name, credentials=self.credentials, reconnect_time_wait=self.reconnect_wait_s,
                     connect_timeout=self.connect_timeout_s, error_cb=self._on_error,
                     disconnected_cb=self._on_disconnected, reconnected_cb=self._on_reconnected,
                     closed_cb=self._on_closed)

@@ -1,0 +1,164 @@
+"""NATS decentralized auth against a real nats-server: ``remediator serve`` with its embedded defaults admits
+no anonymous client, and one node's agent credentials speak for that node only (issue 9's "done when").
+
+The service runs as an operator runs it (a subprocess against the Kubernetes API simulator, embedded
+nats-server in operator mode on ``--nats-port`` with its store in ``--data-dir``); the agent credentials
+come from ``remediator bus creds --role agent --node gpu-node-1 --data-dir DIR``, as a person would make them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import nats
+import nats.errors
+import pytest
+
+from chaos.sim import KubeApiServer, seed_cluster
+from chaos.sim.cluster import ClusterState
+from remediator import bus
+from remediator.audit import iter_records
+from remediator.contracts import FaultEvent, GpuRef
+from remediator.identity import creds
+from remediator.natsd import free_port
+from remediator.subjects import STATE_BUCKET, agent_key_key
+
+TOKEN = "t0k3n"
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "remediator.cli", *args], env=env or dict(os.environ),
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[ClusterState, str, Path]]:
+    """``remediator serve --kubeconfig K --http H:P --data-dir DIR --nats-port NP``: (cluster, NATS URL, DIR)."""
+    cluster = seed_cluster(nodes=3)
+    with KubeApiServer(cluster) as kube:
+        kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+        http_port, nats_port, data_dir = free_port(), free_port(), tmp_path / "data"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "remediator.cli", "serve", "--kubeconfig", str(kubeconfig),
+             "--http", f"127.0.0.1:{http_port}", "--data-dir", str(data_dir), "--nats-port", str(nats_port)],
+            env={**os.environ, "REMEDIATOR_API_TOKENS": TOKEN}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    if httpx.get(f"http://127.0.0.1:{http_port}/readyz", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                time.sleep(0.2)
+            else:
+                raise AssertionError("serve did not become ready")
+            yield cluster, f"nats://127.0.0.1:{nats_port}", data_dir
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err[-3000:]
+
+
+def _xid79(node: str, seq: int, *, body_node: str | None = None) -> FaultEvent:
+    now = datetime.now(UTC)
+    return FaultEvent(id=f"agent|{node}|boot-1|{seq}", source="agent", node=body_node or node,
+                      gpu=GpuRef(index=1, pci_bus_id="0000:3b:00.0"), kind="xid", code=79, is_fatal=True,
+                      message="NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.", observed_at=now,
+                      received_at=now)
+
+
+async def _until(predicate: object, what: str, timeout_s: float = 45.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = predicate() if callable(predicate) else predicate
+        if asyncio.iscoroutine(got):
+            got = await got
+        if got:
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"not within {timeout_s:g}s: {what}")
+
+
+async def test_anonymous_refused_and_agent_creds_speak_for_their_node_only(
+        served: tuple[ClusterState, str, Path], tmp_path: Path) -> None:
+    cluster, url, data_dir = served
+
+    with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+        await nats.connect(url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)
+
+    out = tmp_path / "gpu-node-1.creds"
+    made = _cli("bus", "creds", "--role", "agent", "--node", "gpu-node-1", "--out", str(out),
+                "--data-dir", str(data_dir), "--json")
+    assert made.returncode == 0, made.stderr
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    issued_key = creds.read_seed(out).public_key
+    secret_seed = creds.read_seed(out).seed.decode()
+    for text in (made.stdout, made.stderr):  # neither the seed nor the JWT is ever printed
+        assert secret_seed not in text and creds.read_jwt(out) not in text
+    doc = json.loads(made.stdout)
+    assert doc["public_key"] == issued_key and doc["announced"] is True
+
+    errors: list[str] = []
+
+    async def on_error(e: Exception) -> None:
+        errors.append(str(e))
+
+    nc, js = await bus.connect(url, name="agent-gpu-node-1", credentials=bus.Credentials(creds_file=str(out)),
+                               error_cb=on_error)
+    admin_nc, admin_js = await bus.connect(url, name="test-admin", credentials=bus.Credentials(
+        creds_file=str(data_dir / "identity" / "creds" / "admin.creds")))
+    try:
+        # the executor's trust anchor for this agent's replies is the key of the creds just issued
+        entry = await (await admin_js.key_value(STATE_BUCKET)).get(agent_key_key("gpu-node-1"))
+        assert entry.value is not None and json.loads(entry.value)["public_key"] == issued_key
+
+        # its own node, but a body naming another: delivered, refused by dispatch and audited
+        forged = _xid79("gpu-node-1", 1, body_node="gpu-node-2")
+        await js.publish("faults.agent.gpu-node-1", forged.model_dump_json().encode(),
+                         headers={"Nats-Msg-Id": forged.id})
+        # another node's subject: refused by the server
+        with pytest.raises(nats.errors.TimeoutError):
+            await js.publish("faults.agent.gpu-node-2", _xid79("gpu-node-2", 2).model_dump_json().encode(),
+                             timeout=1.0)
+        # its own node: accepted, and the node is cordoned
+        await bus.publish_event(js, _xid79("gpu-node-1", 3))
+        await _until(lambda: cluster.is_cordoned("gpu-node-1"), "gpu-node-1 cordoned")
+
+        async def mismatch_audited() -> bool:
+            records = [r async for r in iter_records(admin_js)]
+            return any(r.what == "event_ignored" and (r.after or {}).get("refused") == "subject_mismatch"
+                       for r in records)
+
+        await _until(mismatch_audited, "the body/subject mismatch audited as event_ignored")
+        assert not cluster.is_cordoned("gpu-node-2")
+        assert not [t for t in cluster.taints("gpu-node-2") if t["key"].startswith("gpu-remediator")]
+
+        # another node's commands, the KV and the audit trail are out of reach
+        await nc.subscribe("agent.gpu-node-2.cmd")
+        await nc.publish(f"$KV.{STATE_BUCKET}.node.gpu-node-2", b"{}")
+        await nc.publish("audit.gpu-node-1", b"{}")
+        await nc.flush()
+        await _until(lambda: len(errors) >= 4, f"four permission violations, got {errors}")
+        assert any('publish to "faults.agent.gpu-node-2"' in e for e in errors), errors
+        assert any('subscription to "agent.gpu-node-2.cmd"' in e for e in errors), errors
+        assert any(f'publish to "$kv.{STATE_BUCKET}.node.gpu-node-2"' in e.lower() for e in errors), errors
+        assert any('publish to "audit.gpu-node-1"' in e for e in errors), errors
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+            await nc.request("agent.gpu-node-2.cmd", b"{}", timeout=1.0)  # nor ask another node's agent
+    finally:
+        await nc.close()
+        await admin_nc.close()
