@@ -44,7 +44,8 @@ CASES = {
     "defaults": {},
     "production": production_values(),
     "bundled-nats-explicit-url": {"nats": {"url": "nats://my-nats:4222"}},
-    "agent-unprivileged": {"agent": {"privileged": False, "runtimeClassName": ""}},
+    "agent-unprivileged": {"agent": {"privileged": False, "runtimeClassName": "",
+                                     "priorityClass": {"create": True}}},
     "everything-on": {"monitoring": {"serviceMonitor": {"enabled": True},
                                      "prometheusRule": {"nonDefaultCounters": True}},
                       "nats": {"clientTls": {"enabled": True, "caSecret": "nats-ca"}}},
@@ -380,3 +381,11 @@ def test_trust_keys_reach_the_agent_and_audit_verify() -> None:
     assert env(container(only(objects, "Deployment")))["REMEDIATOR_AUDIT_TRUST_KEYS"] == key
     volumes = {v["name"]: v for v in only(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]}
     assert volumes["signing"]["secret"]["secretName"] == "gpu-remediator-signing-key"
+
+
+def test_agent_priority_class_of_the_chart() -> None:
+    objects = render({"agent": {"priorityClass": {"create": True}}})
+    pc = only(objects, "PriorityClass")
+    assert only(objects, "DaemonSet")["spec"]["template"]["spec"]["priorityClassName"] == pc["metadata"]["name"]
+    assert pc["globalDefault"] is False
+    assert not of_kind(render({}), "PriorityClass")
