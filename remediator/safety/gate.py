@@ -77,15 +77,18 @@ class GateResult:
 
 def pool_usage(facts: Facts, ledger: Ledger) -> PoolUsage | None:
     """The node's pool as the budget guard sees it: nodes out (cordoned or carrying our taint, as Kubernetes
-    shows them, or reserved by a running node playbook) and GPUs isolated on their own (on each node in
-    service, the GPUs missing from ``allocatable`` or reserved by running GPU playbooks, whichever is more)."""
+    shows them, or reserved by a running node playbook, or handed over and not yet settled) and GPUs isolated
+    on their own (on each node in service, the GPUs missing from ``allocatable`` or reserved or handed over
+    by GPU playbooks, whichever is more)."""
     if facts.pool_nodes is None:
         return None
     pool = str(facts.node.get("pool") or "default")
     gpus_of = {str(n["name"]): int(n.get("gpus") or 0) for n in facts.pool_nodes}
     out = {str(n["name"]) for n in facts.pool_nodes
            if n.get("unschedulable") or any(t.get("key") == facts.taint_key for t in n.get("taints") or [])}
-    running = [r for r in ledger.reservations.values() if r.get("pool") == pool]
+    # Handovers count as out too until the reconciler settles them: the cluster view may be a few seconds
+    # old (PoolCache), and a run that just ended must not leave a gap in which its target is not counted.
+    running = [r for r in (*ledger.reservations.values(), *ledger.handovers.values()) if r.get("pool") == pool]
     reserved = {str(r["node"]) for r in running if r.get("kind") == "node"}
     nodes_out = out | reserved
     reserved_gpus: dict[str, int] = {}

@@ -74,9 +74,9 @@ class Ledger:
     ``reservations``: reservation key -> ``{"incident", "node", "pool", "kind": "node"|"gpu", "finished",
     "at"}``: held from the guards until the run ends, however it ends (``finished``). ``handovers``: the same
     key -> ``{"incident", "node", "gpu", "pool", "kind", "outcome", "left", "at"}`` for runs that ended
-    leaving their target out of service (escalated, dead-lettered): not counted by the budget (what is out
-    is counted from the cluster), but the reconciler's work list, settled when the cluster shows the target
-    repaired or gone.
+    leaving their target out of service (escalated, dead-lettered): counted by the budget like a reservation
+    (the cluster view it also reads may be seconds old) until the reconciler settles them, when the cluster
+    shows the target repaired or gone, or an operator releases them (``remediator budget release``).
     """
 
     breaker: BreakerState = field(default_factory=BreakerState)
