@@ -389,3 +389,21 @@ def test_agent_priority_class_of_the_chart() -> None:
     assert only(objects, "DaemonSet")["spec"]["template"]["spec"]["priorityClassName"] == pc["metadata"]["name"]
     assert pc["globalDefault"] is False
     assert not of_kind(render({}), "PriorityClass")
+
+
+def test_no_pdb_that_would_block_drains_with_one_replica() -> None:
+    assert not of_kind(render({"service": {"replicas": 1}}), "PodDisruptionBudget")
+
+
+def _notes(values: dict[str, Any]) -> str:
+    chart = helm_python.Chart.load(str(CHART))
+    manifests = chart.render(values, name=RELEASE, namespace="gpu-remediator", is_install=True)
+    return next(v for k, v in manifests.items() if k.endswith("NOTES.txt"))
+
+
+def test_notes_say_dry_run_and_warn_about_a_bundled_nats_without_an_operator() -> None:
+    notes = _notes({})
+    assert "DRY-RUN" in notes and "WARNING: the bundled NATS has no operator JWT" in notes
+    assert "ACTING" in _notes({"remediation": {"act": True}})
+    assert "WARNING" not in _notes(production_values())
+    assert "WARNING" not in _notes({"nats": {"config": {"merge": {"operator": "eyJ0eXAi.placeholder"}}}})
