@@ -147,7 +147,8 @@ def _serve_main(kind: str, nats_url: str, port: int) -> None:
         from remediator.audit import AuditLog
         from remediator.ingest.app import create_app
 
-        nc, js = await bus.connect(nats_url, name=f"bench-{kind}")
+        nc, js = await bus.connect(nats_url, name=f"bench-{kind}",
+                                   credentials=bus.Credentials.from_settings(Settings()))
         if kind == "floor":
             app = _floor_app(js)
         else:
@@ -339,7 +340,8 @@ def _load_main(spec: dict[str, Any]) -> None:
         if mode == "nats":
             from remediator import bus
 
-            nc, js = await bus.connect(spec["nats_url"], name="bench-raw")
+            nc, js = await bus.connect(spec["nats_url"], name="bench-raw",
+                                       credentials=bus.Credentials.from_settings(Settings()))
             body = _event_body()
             prefix = f"raw|{os.urandom(3).hex()}|"
 
@@ -391,11 +393,16 @@ def _child_main() -> None:
 # --- orchestration (the calling process: idle while a phase runs) -----------------------------------
 
 
-async def _spawn(*args: str) -> asyncio.subprocess.Process:
-    """A fresh interpreter running ``_child_main`` (no fork of this process, no re-import of ``__main__``)."""
+_CHILD_CREDS: dict[str, str] = {}  # child kind → the .creds file it connects with (embedded server: by role)
+
+
+async def _spawn(*args: str, creds: str | None = None) -> asyncio.subprocess.Process:
+    """A fresh interpreter running ``_child_main`` (no fork of this process, no re-import of ``__main__``);
+    ``creds``: the NATS identity it connects as (``REMEDIATOR_NATS_CREDS_FILE``)."""
+    env = {**os.environ, "REMEDIATOR_NATS_CREDS_FILE": creds} if creds else None
     return await asyncio.create_subprocess_exec(
         sys.executable, "-c", "from chaos.bench.ingest import _child_main; _child_main()", *args,
-        stdout=asyncio.subprocess.PIPE)
+        stdout=asyncio.subprocess.PIPE, env=env)
 
 
 async def _stop(proc: asyncio.subprocess.Process) -> None:
@@ -411,7 +418,7 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
 
 async def _load(spec: dict[str, Any], wait_s: float) -> dict[str, Any]:
     """Run one load phase in its own process and return its figures."""
-    proc = await _spawn("load", json.dumps(spec))
+    proc = await _spawn("load", json.dumps(spec), creds=_CHILD_CREDS.get("load"))
     assert proc.stdout is not None
     try:
         line = await asyncio.wait_for(proc.stdout.readline(), wait_s)
@@ -429,7 +436,7 @@ async def _load(spec: dict[str, Any], wait_s: float) -> dict[str, Any]:
 async def _server(kind: str, nats_url: str) -> AsyncIterator[int]:
     """The HTTP server under test in its own process, listening on the yielded port."""
     port = free_port()
-    proc = await _spawn("serve", kind, nats_url, str(port))
+    proc = await _spawn("serve", kind, nats_url, str(port), creds=_CHILD_CREDS.get(kind))
     assert proc.stdout is not None
     try:
         line = await asyncio.wait_for(proc.stdout.readline(), 30)
@@ -480,12 +487,16 @@ async def run(url: str | None = None, concurrency: int = 32, progress: Progress 
         say(f"bench ingest: posting synthetic bench-node-* alerts to {url}: never a service that acts on a "
             "real cluster")
     if nats_url is None:
-        embedded = EmbeddedNats()
+        embedded = EmbeddedNats(secure=True)  # with auth, as serve runs it: each part connects as its role
         await asyncio.to_thread(embedded.start)
+        _CHILD_CREDS.update(load=embedded.creds("admin"), floor=embedded.creds("admin"),
+                            ingest=embedded.creds("service"))
         nats_url = embedded.url
         say(f"bench ingest: embedded nats-server on {nats_url} (store {embedded.data_dir})")
     load_before = os.getloadavg()[0]
-    nc, js = await bus.connect(nats_url, name="bench-orchestrator")
+    nc, js = await bus.connect(nats_url, name="bench-orchestrator", credentials=(
+        bus.Credentials(creds_file=embedded.creds("admin")) if embedded is not None
+        else bus.Credentials.from_settings(env)))
     result: dict[str, Any] = {}
     try:
         await _provision_bench(js, env)

@@ -99,12 +99,19 @@ _AUDIT_APPEND = (S.AUDIT_WILDCARD, f"$JS.API.STREAM.INFO.{S.AUDIT_STREAM}", f"$J
                  f"$JS.API.DIRECT.GET.{S.AUDIT_STREAM}.>", f"$JS.API.STREAM.MSG.GET.{S.AUDIT_STREAM}",
                  _CHECKPOINTS, *(_read_stream(_CHECKPOINT_STREAM)))
 
+# What ``bus.verify`` reads at a replica's start: every stream's and durable consumer's configuration.
+_VERIFY = (*(f"$JS.API.STREAM.INFO.{n}" for n in (S.FAULTS_STREAM, S.REMEDIATIONS_STREAM, S.AUDIT_STREAM,
+                                                  S.DEAD_LETTER_STREAM, _CHECKPOINT_STREAM,
+                                                  f"KV_{S.STATE_BUCKET}", f"KV_{S.LOCKS_BUCKET}")),
+           f"$JS.API.CONSUMER.INFO.{S.FAULTS_STREAM}.dispatch",
+           f"$JS.API.CONSUMER.INFO.{S.REMEDIATIONS_STREAM}.executor")
+
 _INGEST = (S.faults_subject("alertmanager", "*"), S.faults_subject("api", "*"), S.faults_subject("chaos", "*"),
            f"$JS.API.STREAM.INFO.{S.FAULTS_STREAM}", *_ACCOUNT_INFO)
-_DISPATCHER = (*_durable(S.FAULTS_STREAM, "dispatch"), *_kv(S.STATE_BUCKET), S.REMEDIATIONS_WILDCARD,
+_DISPATCHER = (*_VERIFY, *_durable(S.FAULTS_STREAM, "dispatch"), *_kv(S.STATE_BUCKET), S.REMEDIATIONS_WILDCARD,
                *_AUDIT_APPEND, S.DEAD_LETTER_WILDCARD, f"$JS.API.STREAM.INFO.{S.REMEDIATIONS_STREAM}",
                *_ACCOUNT_INFO)
-_EXECUTOR = (*_durable(S.REMEDIATIONS_STREAM, "executor"), *_kv(S.STATE_BUCKET), *_kv(S.LOCKS_BUCKET),
+_EXECUTOR = (*_VERIFY, *_durable(S.REMEDIATIONS_STREAM, "executor"), *_kv(S.STATE_BUCKET), *_kv(S.LOCKS_BUCKET),
              "agent.*.cmd", *_AUDIT_APPEND, S.DEAD_LETTER_WILDCARD, *_ACCOUNT_INFO)
 _AUDITOR = (*_read_stream(S.AUDIT_STREAM), *_read_stream(_CHECKPOINT_STREAM), *_ACCOUNT_INFO)
 _OPERATOR = (*_kv(S.STATE_BUCKET), *_AUDIT_APPEND, *_read_stream(S.AUDIT_STREAM), *_ACCOUNT_INFO)
