@@ -255,6 +255,7 @@ class AuditReader:
         self._lock = asyncio.Lock()
         self._refreshed_at = float("-inf")
         self._summaries: dict[str, IncidentSummary] | None = None
+        self._chains: list[ChainReport] | None = None  # verified once per change of the cache
 
     async def refresh(self, *, force: bool = False) -> None:
         """Read what was appended to AUDIT since the last refresh (at most every ``refresh_s``)."""
@@ -263,6 +264,9 @@ class AuditReader:
                 return
             info = await self.js.stream_info(AUDIT_STREAM)
             last = info.state.last_seq
+            if last < self._index.last_seq:  # the stream was recreated: list it again
+                self._index = _Index()
+                self._summaries = self._chains = None
             idx = self._index
             if last > idx.last_seq and info.state.messages:
                 start = max(idx.last_seq + 1, info.state.first_seq)
@@ -283,7 +287,7 @@ class AuditReader:
                 if len(idx.records) > self.max_records:
                     del idx.records[: len(idx.records) - self.max_records]
                     idx.truncated = True
-                self._summaries = None
+                self._summaries = self._chains = None
             self._refreshed_at = time.monotonic()
 
     @property
@@ -314,7 +318,9 @@ class AuditReader:
         return [r for r in self._index.records if r.node == node]
 
     def chains(self) -> list[ChainReport]:
-        return chain_status(self._index.records)
+        if self._chains is None:
+            self._chains = chain_status(self._index.records)
+        return self._chains
 
     async def ledger(self) -> Ledger:
         """The safety ledger (breaker and budget reservations) as every replica sees it (empty when the
