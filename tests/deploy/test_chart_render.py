@@ -407,3 +407,15 @@ def test_notes_say_dry_run_and_warn_about_a_bundled_nats_without_an_operator() -
     assert "ACTING" in _notes({"remediation": {"act": True}})
     assert "WARNING" not in _notes(production_values())
     assert "WARNING" not in _notes({"nats": {"config": {"merge": {"operator": "eyJ0eXAi.placeholder"}}}})
+
+
+@pytest.mark.parametrize("values", [
+    {"remediation": {"act": "yes"}},                              # a string is not the switch
+    {"service": {"env": {"REMEDIATOR_DRY_RUN": "false"}}},        # no second way to act
+    {"nats": {"replicas": 7}},                                    # bus init takes 1..5
+    {"identity": {"trustKeys": ["not-a-public-nkey"]}},
+    {"remediaton": {"act": True}},                                # a typo is an error, not a silent default
+], ids=["act-string", "dry-run-via-env", "replicas-7", "bad-trust-key", "typo"])
+def test_values_schema_refuses(values: dict[str, Any]) -> None:
+    with pytest.raises(helm_python.HelmValuesError):
+        render(values)
