@@ -3,7 +3,7 @@
 Where it sits: beside the fault injectors (``chaos.injectors``), called by the drill runner
 (``chaos.runner``) for a timeline's ``action`` entries, acting on the world (``chaos.world.World``). They
 break the bus (``nats_restart``), the Kubernetes API (``kube_api_errors``, ``kube_latency``), the service
-(``kill_replica``), an agent (``agent_disconnect``) and they play the people around the system
+(``kill_replica``, ``lose_replica``), an agent (``agent_disconnect``) and they play the people around the system
 (``manual_uncordon``, ``opt_out``, ``block_pdb``). Each returns (or its task returns) one line saying
 what it did, for the drill's report; an outage it causes is recorded on the world (``World.outages``) so
 the runner can prove a fault injected meanwhile was handled only after it ended.
@@ -67,6 +67,25 @@ async def kill_replica(world: World) -> Replica:
     fresh replica starts on the same bus. Returns the new replica."""
     await replicas.crash(world.replica)
     return await start_replica(world)
+
+
+async def lose_replica(world: World, node: str) -> str:
+    """The replica that runs ``node``'s playbook step now dies as a SIGKILLed process would
+    (``chaos.replica.crash``: no graceful drain, no nak, its node lock kept), and none replaces it: another
+    replica of the world finishes the run. Which replica runs it is the actor of the node's last
+    ``step_started`` record."""
+    records = await world.records() or []
+    actor = next((r.actor for r in reversed(records) if r.what == "step_started" and r.node == node), None)
+    victim = next((r for r in world.replicas if r.alive and r.actor == actor), None)
+    if victim is None:
+        raise RuntimeError(f"no live replica runs a step on {node} (last actor {actor!r})")
+    await replicas.crash(victim)
+    world.crash_times.append(time.monotonic())
+    alive = [r for r in world.replicas if r.alive]
+    if not alive:
+        raise RuntimeError("no replica left alive")
+    world.base_url = alive[-1].service.http_url
+    return f"{actor} killed mid-step (no drain, no nak, lock kept); {', '.join(r.actor for r in alive)} carry on"
 
 
 async def agent_disconnect(world: World, node: str, down_s: float) -> str:

@@ -39,6 +39,7 @@ from chaos.schema import (
     ManualUncordonSpec,
     NatsRestartSpec,
     OptOutSpec,
+    ReplicaLossSpec,
 )
 from chaos.world import ExtraJob, World, environment
 
@@ -96,8 +97,10 @@ async def run_drill(drill: Drill, progress: Progress, *, label: str = "drill", d
     try:
         async with environment(progress, nodes=drill.cluster.nodes, pools=drill.cluster.pools,
                                gpus=drill.cluster.gpus_per_node, settings=drill.settings, agents=agents,
-                               jobs=jobs, label=label, crashable=bool(drill.crashes()), kubelet=True,
-                               data_dir=data_dir, nats_port=nats_port) as world:
+                               jobs=jobs, label=label,
+                               crashable=bool(drill.crashes() or drill.replica_losses()), kubelet=True,
+                               data_dir=data_dir, nats_port=nats_port,
+                               service_replicas=drill.cluster.replicas) as world:
             world.faults = [f for fs in faults.values() for f in fs]
             run = DrillRun(world, drill, progress, faults, {f.name: FaultResult(f) for f in world.faults})
             try:
@@ -196,6 +199,8 @@ async def _act(run: DrillRun, action: ActionSpec, label: str) -> None:
         old = world.replica.actor
         new = await actions.kill_replica(world)
         done(f"{old} killed (no graceful drain); {new.actor} started on the same bus")
+    elif isinstance(action, ReplicaLossSpec):
+        done(await actions.lose_replica(world, action.node))
     elif isinstance(action, AgentDisconnectSpec):
         later(actions.agent_disconnect(world, action.node, action.down_s),
               f"agent of {action.node} stopped for {action.down_s:g}s")

@@ -67,6 +67,7 @@ class ClusterSpec(_Spec):
     gpus_per_node: int = Field(8, ge=1, le=16)
     agents: Literal["all"] | list[str] = "all"
     jobs: list[ExtraJobSpec] = Field(default_factory=list)
+    replicas: int = Field(1, ge=1, le=3)  # service replicas sharing the bus from the start
 
     def node_names(self) -> list[str]:
         return [f"gpu-node-{i}" for i in range(self.nodes)]
@@ -232,6 +233,15 @@ class KillServiceSpec(_Spec):
     redeliver_after_s: float = Field(3.0, ge=1, le=30)
 
 
+class ReplicaLossSpec(_Spec):
+    """The replica running a playbook step on ``node`` dies like a SIGKILLed process (no drain, no nak, its
+    node lock kept); no replica is started in its place: the others take the run over once the executor
+    consumer's ack wait (``executor_ack_wait_s``) and the lock TTL (``lock_ttl_s``) run out."""
+
+    type: Literal["replica_loss"]
+    node: str
+
+
 class AgentDisconnectSpec(_Spec):
     """Stop one node's agent for ``down_s`` seconds, then restart it."""
 
@@ -265,7 +275,7 @@ class BlockPdbSpec(_Spec):
 
 
 ActionSpec = Annotated[NatsRestartSpec | KubeApiErrorsSpec | KubeLatencySpec | KillServiceSpec
-                       | AgentDisconnectSpec | ManualUncordonSpec | OptOutSpec | BlockPdbSpec,
+                       | ReplicaLossSpec | AgentDisconnectSpec | ManualUncordonSpec | OptOutSpec | BlockPdbSpec,
                        Field(discriminator="type")]
 
 
@@ -489,6 +499,9 @@ class Drill(_Spec):
 
     def crashes(self) -> list[KillServiceSpec]:
         return [e.action for e in self.timeline if isinstance(e.action, KillServiceSpec)]
+
+    def replica_losses(self) -> list[ReplicaLossSpec]:
+        return [e.action for e in self.timeline if isinstance(e.action, ReplicaLossSpec)]
 
     def named_nodes(self) -> set[str]:
         """Nodes a fault or an action of the timeline names."""

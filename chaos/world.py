@@ -103,6 +103,7 @@ class World:
     kube_faults: list[InjectedFault] = field(default_factory=list)
     outages: list[Outage] = field(default_factory=list)
     start_rv: int = 0
+    crash_times: list[float] = field(default_factory=list)  # monotonic times replicas were lost
 
     def agent_config(self, node: str) -> dict[str, Any]:
         """``node``'s agent's ``AgentConfig`` fields: the shared options and its own credentials."""
@@ -208,14 +209,15 @@ async def environment(progress: Progress, *, nodes: int = 8, pools: int = 1, gpu
                       settings: Mapping[str, Any] | None = None, agents: Collection[str] | None = None,
                       jobs: Sequence[ExtraJob] = (), label: str = "drill", crashable: bool = False,
                       kubelet: bool = True, data_dir: Path | None = None,
-                      nats_port: int | None = None) -> AsyncIterator[World]:
+                      nats_port: int | None = None, service_replicas: int = 1) -> AsyncIterator[World]:
     """NATS, the simulated cluster and GPU nodes, the agents and one service replica; yields the ``World``.
 
     ``settings`` override the service's settings (``harness_settings``); ``agents`` names the nodes that
     run an agent (default: all); ``jobs`` are extra Jobs pinned to nodes; ``crashable`` routes each
     replica's NATS connection through a relay ``chaos.replica.crash`` can cut; ``kubelet`` stops the GPU
     processes of pods the API server deletes; ``data_dir`` and ``nats_port`` are the embedded
-    nats-server's store (kept after the run) and port (default: a temporary store, a free port).
+    nats-server's store (kept after the run) and port (default: a temporary store, a free port);
+    ``service_replicas`` replicas share the bus from the start (the first one's settings declare it).
     """
     loop = asyncio.get_running_loop()
     previous_factory = replicas.install_task_tags(loop)
@@ -264,6 +266,8 @@ async def environment(progress: Progress, *, nodes: int = 8, pools: int = 1, gpu
                         sync_task: asyncio.Task[None] | None = None
                         try:
                             replica = await start_replica(world, kube)
+                            for _ in range(service_replicas - 1):
+                                await start_replica(world)
                             for one in agent_ids.values():  # the executor trusts each agent's own key
                                 await agents_identity.announce(js, one)
                             world.settings = replica.service.settings
