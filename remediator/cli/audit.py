@@ -101,8 +101,11 @@ def audit_bus(nats_url: str | None, data_dir: str | None) -> Iterator[str]:
             raise click.ClickException(f"{store} holds no JetStream store (no {store / 'jetstream'}); "
                                        "pass the directory given to `remediator demo --data-dir` or `serve`")
         try:
-            server = EmbeddedNats(data_dir=str(store))
+            # a store serve or demo made has its operator in DIR/identity: read it as the auditor role
+            server = EmbeddedNats(data_dir=str(store), secure=(store / "identity" / "keys.json").exists())
             server.start()
+            if server.secure:
+                _CREDENTIALS[server.url] = bus.Credentials(creds_file=server.creds("auditor"))
         except NatsServerNotFound as e:
             raise click.ClickException(str(e)) from None
         except RuntimeError as e:
@@ -111,6 +114,7 @@ def audit_bus(nats_url: str | None, data_dir: str | None) -> Iterator[str]:
         try:
             yield server.url
         finally:
+            _CREDENTIALS.pop(server.url, None)
             server.close()
         return
     url = nats_url or Settings().nats_url
@@ -119,13 +123,22 @@ def audit_bus(nats_url: str | None, data_dir: str | None) -> Iterator[str]:
     yield url
 
 
+_CREDENTIALS: dict[str, bus.Credentials] = {}  # URL of an embedded store opened here → its auditor identity
+
+
+def _credentials(url: str) -> bus.Credentials:
+    """Who reads ``url``: the auditor of an embedded store opened by ``audit_bus``, else the settings'."""
+    return _CREDENTIALS.get(url) or bus.Credentials.from_settings(Settings())
+
+
 async def _quiet(_error: Exception) -> None:
     """Connection errors become one ClickException, not a log line per attempt."""
 
 
 async def _with_js(url: str, fn: Callable[[JetStreamContext], Awaitable[T]]) -> T:
     try:
-        nc, js = await bus.connect(url, name="remediator-audit", max_reconnect_attempts=2, error_cb=_quiet)
+        nc, js = await bus.connect(url, name="remediator-audit", max_reconnect_attempts=2, error_cb=_quiet,
+                                   credentials=_credentials(url))
     except (NoServersError, OSError, TimeoutError, NatsError) as e:
         raise click.ClickException(f"cannot reach NATS at {url}: {type(e).__name__} {e}".rstrip()
                                        + "; check --nats URL / REMEDIATOR_NATS_URL") from None
@@ -310,7 +323,7 @@ def serve(nats_url: str | None, data_dir: str | None, http: str, insecure_no_aut
     async def run(url: str) -> None:
         try:
             nc, js = await bus.connect(url, name="remediator-audit-serve", max_reconnect_attempts=-1,
-                                       error_cb=_quiet)
+                                       error_cb=_quiet, credentials=_credentials(url))
         except (NoServersError, OSError, TimeoutError, NatsError) as e:
             raise click.ClickException(f"cannot reach NATS at {url}: {type(e).__name__} {e}".rstrip()
                                        + "; check --nats URL / REMEDIATOR_NATS_URL") from None
