@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -66,12 +67,53 @@ class Incident:
                         datetime.fromisoformat(d["updated_at"]), int(d.get("count", 1)))
 
 
+# Bounds of one stored history (bounded state: no input can make a node's document unwritable; NATS refuses
+# a message above its max_payload, 1 MiB by default). ``History.bounded`` applies them on every write.
+HISTORY_MAX_SIGHTINGS = 1024
+HISTORY_MAX_BYTES = 256 * 1024
+SIGHTING_FIELD_MAX = 512  # detail, job and a string code of one sighting
+_CUT = "…[truncated]"
+
+
+def _cut(text: str, limit: int = SIGHTING_FIELD_MAX) -> str:
+    return text if len(text) <= limit else text[: limit - len(_CUT)] + _CUT
+
+
+def _json_size(doc: Any) -> int:
+    return len(json.dumps(doc, separators=(",", ":"), default=str).encode())
+
+
 @dataclass(frozen=True)
 class History:
-    """A node's remembered sightings and open incidents, as stored under KV ``node.<node>``."""
+    """A node's remembered sightings and open incidents, as stored under KV ``node.<node>``.
+
+    ``dropped`` counts the sightings ``bounded`` dropped (oldest first) to keep the document within its
+    bounds: the marker that the history is not complete.
+    """
 
     sightings: tuple[Sighting, ...] = ()
     incidents: tuple[Incident, ...] = ()
+    dropped: int = 0
+
+    def bounded(self, max_sightings: int = HISTORY_MAX_SIGHTINGS, max_bytes: int = HISTORY_MAX_BYTES) -> History:
+        """This history within its bounds: each sighting's detail, job and string code cut to
+        ``SIGHTING_FIELD_MAX`` characters with a marker, then the oldest sightings dropped (and counted in
+        ``dropped``) until at most ``max_sightings`` remain and the stored JSON is at most ``max_bytes``.
+        Open incidents are always kept."""
+        kept = [s if (len(s.detail) <= SIGHTING_FIELD_MAX and len(s.job) <= SIGHTING_FIELD_MAX
+                      and not (isinstance(s.code, str) and len(s.code) > SIGHTING_FIELD_MAX))
+                else replace(s, detail=_cut(s.detail), job=_cut(s.job),
+                             code=_cut(s.code) if isinstance(s.code, str) else s.code)
+                for s in self.sightings]
+        drop = max(0, len(kept) - max_sightings)
+        sizes = [_json_size(s.to_json()) + 1 for s in kept]
+        total = _json_size(replace(self, sightings=()).to_json()) + 24 + sum(sizes[drop:])
+        while total > max_bytes and drop < len(kept):
+            total -= sizes[drop]
+            drop += 1
+        if drop == 0 and kept == list(self.sightings):
+            return self
+        return replace(self, sightings=tuple(kept[drop:]), dropped=self.dropped + drop)
 
     def open_incident(self, group: str) -> Incident | None:
         return next((i for i in self.incidents if i.group == group), None)
@@ -90,13 +132,16 @@ class History:
         return replace(self, incidents=tuple(i for i in self.incidents if i.group != group))
 
     def to_json(self) -> dict[str, Any]:
-        return {"sightings": [s.to_json() for s in self.sightings],
-                "incidents": [i.to_json() for i in self.incidents]}
+        doc: dict[str, Any] = {"sightings": [s.to_json() for s in self.sightings],
+                               "incidents": [i.to_json() for i in self.incidents]}
+        if self.dropped:
+            doc["dropped"] = self.dropped
+        return doc
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> History:
         return History(tuple(Sighting.from_json(x) for x in d.get("sightings", ())),
-                       tuple(Incident.from_json(x) for x in d.get("incidents", ())))
+                       tuple(Incident.from_json(x) for x in d.get("incidents", ())), int(d.get("dropped", 0)))
 
 
 @dataclass(frozen=True)

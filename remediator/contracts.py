@@ -190,6 +190,45 @@ class JobRef:
         return f"{self.kind}/{self.namespace}/{self.name}"
 
 
+# Size limits of what an event carries (bounded state: every event fits the bus and a node's history).
+LABEL_KEY_MAX = 128
+LABEL_VALUE_MAX = 1024
+LABELS_MAX = 128
+CODE_MAX = 128
+MESSAGE_MAX = 8192
+TRUNCATED_MARKER = "…[truncated]"
+
+
+def truncate(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters, ending with ``TRUNCATED_MARKER`` when it was cut."""
+    if len(text) <= limit:
+        return text
+    return text[: max(0, limit - len(TRUNCATED_MARKER))] + TRUNCATED_MARKER
+
+
+def bounded_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    """``labels`` within the event limits: each value cut to ``LABEL_VALUE_MAX`` with the marker, keys
+    longer than ``LABEL_KEY_MAX`` dropped, at most ``LABELS_MAX`` labels kept (in sorted key order); what was
+    cut or dropped is named under ``gpu-remediator.io/truncated`` (a comma-separated list of label keys)."""
+    out: dict[str, str] = {}
+    cut: list[str] = []
+    for key in sorted(labels):
+        value = str(labels[key])
+        if len(key) > LABEL_KEY_MAX or len(out) >= LABELS_MAX - 1:
+            cut.append(truncate(key, 64))
+            continue
+        if len(value) > LABEL_VALUE_MAX:
+            cut.append(key)
+            value = truncate(value, LABEL_VALUE_MAX)
+        out[key] = value
+    if cut:
+        out[TRUNCATED_LABEL] = truncate(",".join(cut), LABEL_VALUE_MAX)
+    return out
+
+
+TRUNCATED_LABEL = "gpu-remediator.io/truncated"
+
+
 class FaultEvent(_Emitted):
     """FaultEvent v1 (DESIGN.md §3). Field names have NVSentinel HealthEvent counterparts."""
 
@@ -202,12 +241,32 @@ class FaultEvent(_Emitted):
     code: int | str | None = None
     is_fatal: bool = False
     is_healthy: bool = False
-    message: str = Field(default="", max_length=8192)
+    message: str = Field(default="", max_length=MESSAGE_MAX)
     observed_at: datetime
     received_at: datetime
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict, description="at most LABELS_MAX labels, keys up to "
+                                   "LABEL_KEY_MAX and values up to LABEL_VALUE_MAX characters")
     origin: Origin = Field(default_factory=Origin, description="typed provenance, set where the event is made")
-    recommended_action: str | None = None
+    recommended_action: str | None = Field(default=None, max_length=256)
+
+    @field_validator("code")
+    @classmethod
+    def _bounded_code(cls, v: int | str | None) -> int | str | None:
+        if isinstance(v, str) and len(v) > CODE_MAX:
+            raise ValueError(f"a code is at most {CODE_MAX} characters")
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _bounded_labels(cls, v: dict[str, str]) -> dict[str, str]:
+        if len(v) > LABELS_MAX:
+            raise ValueError(f"at most {LABELS_MAX} labels, got {len(v)}")
+        for key, value in v.items():
+            if len(key) > LABEL_KEY_MAX:
+                raise ValueError(f"label key {truncate(key, 64)!r} is longer than {LABEL_KEY_MAX} characters")
+            if len(value) > LABEL_VALUE_MAX:
+                raise ValueError(f"label {key!r} is longer than {LABEL_VALUE_MAX} characters")
+        return v
 
     @field_validator("node")
     @classmethod
@@ -255,6 +314,10 @@ class InboundEvent(BaseModel):
         """The event as emitted; unknown ``origin`` keys are dropped (ingest refuses ``fingerprint`` and
         ``history_key`` before this: they are Alertmanager's and dispatch's)."""
         data = self.model_dump()
+        data["message"] = truncate(self.message, MESSAGE_MAX)  # bounded with a marker, never refused
+        data["labels"] = bounded_labels(self.labels)
+        if self.recommended_action is not None:
+            data["recommended_action"] = truncate(self.recommended_action, 256)
         data["observed_at"] = self.observed_at or received_at
         data["received_at"] = received_at
         data["gpu"] = GpuRef(**self.gpu) if self.gpu else None

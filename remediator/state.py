@@ -28,7 +28,9 @@ def _decode(raw: dict[str, Any] | None) -> History:
 
 
 def _encode(history: History) -> dict[str, Any]:
-    return history.to_json()
+    # Every write is bounded (count and bytes, oldest sightings dropped with a marker), so no input can make
+    # a node's history too large for the bus to store.
+    return history.bounded().to_json()
 
 
 class StateStore:

@@ -27,7 +27,16 @@ from datetime import UTC, datetime
 from pydantic import ValidationError
 
 from handlers.signatures import gpu_from_alert_labels, node_from_alert_labels, signal_from_alert
-from remediator.contracts import KINDS, AlertmanagerAlert, FaultEvent, GpuRef, Origin
+from remediator.contracts import (
+    KINDS,
+    MESSAGE_MAX,
+    AlertmanagerAlert,
+    FaultEvent,
+    GpuRef,
+    Origin,
+    bounded_labels,
+    truncate,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +46,6 @@ __all__ = ["NODE_LABELS", "AlertError", "alert_event_id", "alert_origin", "alert
 # Where the node name may come from, in order (DESIGN.md §5). ``instance`` is the exporter's address.
 NODE_LABELS = ("node", "Hostname", "hostname")
 _RFC1123 = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
-_MESSAGE_MAX = 8192
 # Where a FaultEvent field came from in the alert, to name it in a 422.
 _FIELD_ORIGIN = {"id": "fingerprint", "gpu": "labels.gpu", "code": "labels.xid", "message": "annotations",
                  "observed_at": "startsAt"}
@@ -85,7 +93,7 @@ def _message(alert: AlertmanagerAlert) -> str:
         if text and text not in parts:
             parts.append(text)
     message = " | ".join(parts) or alert.labels.get("alertname", "")
-    return message[:_MESSAGE_MAX]
+    return truncate(message, MESSAGE_MAX)
 
 
 def event_labels(alert_labels: dict[str, str]) -> dict[str, str]:
@@ -156,6 +164,7 @@ def alert_to_event(alert: AlertmanagerAlert, received_at: datetime) -> FaultEven
         else signal.code
     labels = event_labels(alert.labels)
     origin = alert_origin(alert, labels)
+    labels = bounded_labels(labels)  # values cut with a marker: an alert is never refused for its size
     try:
         return FaultEvent(
             id=alert_event_id(alert.fingerprint, alert.status, alert.startsAt),
