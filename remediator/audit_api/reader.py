@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
+from nats.errors import Error as NatsError
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
@@ -41,6 +42,7 @@ __all__ = [
     "IncidentFilter",
     "IncidentSummary",
     "Page",
+    "StateUnreadable",
     "chain_status",
     "incident_timeline",
     "summarize",
@@ -324,20 +326,26 @@ class AuditReader:
 
     async def ledger(self) -> Ledger:
         """The safety ledger (breaker and budget reservations) as every replica sees it (empty when the
-        state bucket does not exist yet)."""
+        state bucket does not exist yet); ``StateUnreadable`` when this identity may not read it."""
         try:
-            kv = await self.js.key_value(STATE_BUCKET)
+            return await LedgerStore(await self.js.key_value(STATE_BUCKET)).read()
         except NotFoundError:
             return Ledger()
-        return await LedgerStore(kv).read()
+        except (NatsError, TimeoutError) as e:
+            raise StateUnreadable(f"the safety ledger could not be read: {type(e).__name__} {e}".rstrip()) from e
 
     async def approval(self, incident: str) -> dict[str, Any] | None:
-        """The approval stored for ``incident`` (``approval.<incident>``), or None."""
+        """The approval stored for ``incident`` (``approval.<incident>``), or None (also when this identity
+        may not read the state bucket: the audit's ``approval`` record still tells it)."""
         try:
             kv = await self.js.key_value(STATE_BUCKET)
-        except NotFoundError:
+            return (await json_documents(kv).get(approval_key(incident))).value
+        except (NotFoundError, NatsError, TimeoutError):
             return None
-        return (await json_documents(kv).get(approval_key(incident))).value
+
+
+class StateUnreadable(Exception):
+    """The state bucket is out of this identity's reach (e.g. a role that reads AUDIT only)."""
 
 
 def _group(records: Iterable[AuditRecord]) -> dict[str, list[AuditRecord]]:

@@ -24,7 +24,9 @@ route                                     answers
 ``/v1/audit/approvals``                   ``{"pending": [{"incident", "node", "steps", "requested_at",
                                           "command"}]}``
 ``/v1/audit/fleet``                       ``{"breaker", "reservations", "handovers", "pools", "budget",
-                                          "open_incidents", "pending_approvals", "chains_ok"}`` (from KV)
+                                          "open_incidents", "pending_approvals", "chains_ok",
+                                          "ledger_error"}`` (from KV; ``ledger_error`` when this
+                                          identity may not read the ledger)
 ``/v1/audit/export``                      JSON Lines, filters ``node incident since until``
 ========================================  =====================================================================
 """
@@ -50,9 +52,11 @@ from remediator.audit_api.reader import (
     AuditReader,
     IncidentFilter,
     IncidentSummary,
+    StateUnreadable,
     page_incidents,
 )
 from remediator.audit_api.story import headline, tell
+from remediator.safety.ledger import Ledger
 from remediator.settings import Settings
 
 __all__ = ["AUDIT_SCOPES", "COOKIE", "TokenCheck", "api_router", "create_audit_app", "fleet_state"]
@@ -135,7 +139,10 @@ def pending_approvals(reader: AuditReader) -> list[dict[str, Any]]:
 async def fleet_state(reader: AuditReader, settings: Settings) -> dict[str, Any]:
     """Breaker, budget reservations per pool against the limits, open incidents and pending approvals,
     from the state bucket (cluster-wide) and the audit trail."""
-    ledger = await reader.ledger()
+    try:
+        ledger, ledger_error = await reader.ledger(), None
+    except StateUnreadable as e:
+        ledger, ledger_error = Ledger(), str(e)
     pools: dict[str, dict[str, int]] = {}
     for res in ledger.reservations.values():
         p = pools.setdefault(str(res.get("pool") or "default"), {"nodes": 0, "gpus": 0, "handed_over": 0})
@@ -158,6 +165,7 @@ async def fleet_state(reader: AuditReader, settings: Settings) -> dict[str, Any]
         "open_incidents": open_incidents,
         "pending_approvals": pending_approvals(reader),
         "chains_ok": all(r.ok for r in reader.chains()),
+        "ledger_error": ledger_error,
     }
 
 

@@ -283,7 +283,9 @@ The token is kept in this browser only (a cookie for this site) and never put in
         await reader.refresh()
         f = await fleet_state(reader, settings)
         b = f["breaker"]
-        breaker = (f'<p class="{"error" if b["open"] else "okline"}" id="breaker">Circuit breaker '
+        unreadable = (f'<p class="error" role="alert">{_e(f["ledger_error"])}: breaker and budget are not shown '
+                      "(this process's NATS identity may not read the state bucket).</p>") if f["ledger_error"] else ""
+        breaker = unreadable + (f'<p class="{"error" if b["open"] else "okline"}" id="breaker">Circuit breaker '
                    f'<strong>{"OPEN" if b["open"] else "closed"}</strong>'
                    + (f" since {_e(b['tripped_at'])}: {_e(b['reason'])}" if b["open"] else "")
                    + f" — {b['recent_quarantines']} recent quarantine(s) in the shared ledger; trips at "
