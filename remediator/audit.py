@@ -219,9 +219,12 @@ class AuditLog:
         if pending is None or self.signer is None:
             return
         head = pending[0]
-        body = {"version": 1, "chain": head.node, "seq": head.seq, "hash": head.hash,
-                "head_time": head.time.isoformat(), "at": self._clock().isoformat()}
-        cp = AuditCheckpoint.model_validate(self.signer.sign_document(body))
+        # Through the model from strings, as a reader parses it, so both serialise the times alike.
+        draft = AuditCheckpoint.model_validate({
+            "chain": head.node, "seq": head.seq, "hash": head.hash, "head_time": head.time.isoformat(),
+            "at": self._clock().isoformat(), "signer": self.signer.public_key, "sig": ""})
+        # signed as serialised: the digest covers exactly the JSON that verify re-reads
+        cp = AuditCheckpoint.model_validate(self.signer.sign_document(draft.model_dump(mode="json")))
         try:
             await self._js.publish(audit_checkpoint_subject(None if head.node == CLUSTER_TOKEN else head.node),
                                    cp.model_dump_json().encode(), stream=AUDIT_CHECKPOINT_STREAM)

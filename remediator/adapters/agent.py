@@ -66,12 +66,15 @@ def command_id(*parts: object) -> str:
     return text if len(text) <= 200 else text[:120] + "|" + hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def sign_command(signer: Signer, node: str, cmd: AgentCommand, *, now: datetime, ttl_s: float) -> AgentCommand:
-    """``cmd`` for ``node``, with a fresh nonce, valid from ``now`` for ``ttl_s``, signed by ``signer``."""
+def sign_command(signer: Signer, node: str, cmd: AgentCommand, *, now: datetime,
+                 ttl_s: float) -> tuple[AgentCommand, bytes]:
+    """``cmd`` for ``node``, with a fresh nonce, valid from ``now`` for ``ttl_s``, signed by ``signer``: the
+    command and the exact bytes to send (the agent verifies the JSON it receives, so these are not
+    re-serialised)."""
     unsigned = cmd.model_copy(update={"node": node, "nonce": secrets.token_hex(16), "issued_at": now,
                                       "expires_at": now + timedelta(seconds=ttl_s), "signer": None, "sig": None})
-    # signed as serialised: the agent verifies the JSON it receives
-    return AgentCommand.model_validate(signer.sign_document(unsigned.model_dump(mode="json")))
+    doc = signer.sign_document(json.loads(unsigned.model_dump_json()))
+    return AgentCommand.model_validate(doc), json.dumps(doc, separators=(",", ":")).encode()
 
 
 class AgentKeys:
@@ -144,7 +147,7 @@ class AgentClient:
         self._clock = clock
         self.rejected_replies = 0
 
-    def sign(self, node: str, cmd: AgentCommand) -> AgentCommand:
+    def sign(self, node: str, cmd: AgentCommand) -> tuple[AgentCommand, bytes]:
         """``cmd`` as sent to ``node`` once: a fresh nonce, valid for ``command_ttl_s``, signed."""
         return sign_command(self.signer, node, cmd, now=self._clock(), ttl_s=self.command_ttl_s)
 
@@ -170,7 +173,8 @@ class AgentClient:
                 reraise=True,
             ):
                 with attempt:
-                    return await self._exchange(node, self.sign(node, cmd), timeout_s or self.timeout_s, rejected)
+                    return await self._exchange(node, *self.sign(node, cmd), timeout_s or self.timeout_s,
+                                                rejected)
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError, TimeoutError) as err:
             if rejected:
                 raise AgentReplyRejected(
@@ -179,14 +183,15 @@ class AgentClient:
             raise AgentUnavailable(f"agent on {node} did not answer {verb} ({type(err).__name__})") from err
         raise AssertionError("unreachable")  # pragma: no cover - AsyncRetrying either returns or raises
 
-    async def _exchange(self, node: str, sent: AgentCommand, wait_s: float, rejected: list[str]) -> AgentReply:
+    async def _exchange(self, node: str, sent: AgentCommand, wire: bytes, wait_s: float,
+                        rejected: list[str]) -> AgentReply:
         """Publish ``sent`` with a reply inbox of our own and wait for the first reply that verifies."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         inbox = self._nc.new_inbox()
         sub = await self._nc.subscribe(inbox)
         try:
-            await self._nc.publish(agent_cmd_subject(node), sent.model_dump_json().encode(), reply=inbox)
+            await self._nc.publish(agent_cmd_subject(node), wire, reply=inbox)
             refreshed = False
             while True:
                 remaining = deadline - loop.time()

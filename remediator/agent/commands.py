@@ -206,12 +206,12 @@ class CommandResponder:
                 reply = await self.handle(cmd)
                 reply = reply.model_copy(update={"nonce": cmd.nonce})
         if msg.reply:
-            await msg.respond(self.sign(reply).model_dump_json().encode())
+            await msg.respond(self.sign(reply))
 
-    def sign(self, reply: AgentReply) -> AgentReply:
-        """``reply`` as sent: naming this node, signed by the agent's key."""
-        body = reply.model_copy(update={"node": self.node, "signer": None, "sig": None}).model_dump(mode="json")
-        return AgentReply.model_validate(self.signer.sign_document(body))
+    def sign(self, reply: AgentReply) -> bytes:
+        """``reply`` as sent: naming this node, signed by the agent's key (the exact bytes signed)."""
+        body = json.loads(reply.model_copy(update={"node": self.node, "signer": None, "sig": None}).model_dump_json())
+        return json.dumps(self.signer.sign_document(body), separators=(",", ":")).encode()
 
     def _refuse(self, subject: str, cmd_id: str, verb: str, reason: str, detail: str,
                 nonce: Any) -> AgentReply:

@@ -68,8 +68,8 @@ TRUST: tuple[str, ...] = (SERVICE_KEY.public_key,)
 async def command(nc: NATS, node: str, cmd: AgentCommand, within: float = 10.0) -> AgentReply:
     """Send ``cmd`` to ``node``'s agent signed by ``SERVICE_KEY`` (as the executor does); the reply must be
     signed by the agent and answer this sending."""
-    sent = sign_command(SERVICE_KEY, node, cmd, now=utcnow(), ttl_s=60)
-    msg = await nc.request(agent_cmd_subject(node), sent.model_dump_json().encode(), timeout=within)
+    sent, wire = sign_command(SERVICE_KEY, node, cmd, now=utcnow(), ttl_s=60)
+    msg = await nc.request(agent_cmd_subject(node), wire, timeout=within)
     reply = AgentReply.model_validate_json(msg.data)
     assert verify_document(json.loads(msg.data)) and reply.node == node and reply.nonce == sent.nonce, reply
     return reply

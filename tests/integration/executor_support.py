@@ -116,8 +116,8 @@ class SimAgents:
             if reply is None:
                 reply = await asyncio.to_thread(self._answer, node, cmd)
                 self.seen[cmd.id] = reply
-        body = reply.model_copy(update={"node": node, "nonce": cmd.nonce}).model_dump(mode="json")
-        await msg.respond(AgentReply.model_validate(self.keys[node].sign_document(body)).model_dump_json().encode())
+        body = json.loads(reply.model_copy(update={"node": node, "nonce": cmd.nonce}).model_dump_json())
+        await msg.respond(json.dumps(self.keys[node].sign_document(body)).encode())
 
 
 @dataclass
