@@ -23,6 +23,13 @@ from tests.deploy.chart import RELEASE, of_kind, only, production_values, render
 
 ANY = "{}"  # a placeholder in a path template
 HELPERS = {"_request": (0, 1), "_list": (None, 0)}  # name -> (method arg index or None for GET, path arg index)
+# The client library's own request builder, called directly where a response is streamed (watches); inside
+# ``_request`` its method and path are ``_request``'s parameters, resolved at each ``_request`` call instead.
+RAW = "param_serialize"
+
+
+# Non-resource URLs every authenticated user may GET (system:public-info-viewer, system:discovery).
+PUBLIC_NON_RESOURCE = frozenset({"/version", "/healthz", "/livez", "/readyz"})
 
 
 @dataclass(frozen=True, order=True)
@@ -53,8 +60,7 @@ def _template(node: ast.expr, fn: ast.FunctionDef, consts: dict[str, Any]) -> li
                 out += ANY
         return [out]
     if isinstance(node, ast.Name):
-        values = [a.value for a in ast.walk(fn) if isinstance(a, ast.Assign)
-                  for t in a.targets if isinstance(t, ast.Name) and t.id == node.id]
+        values = _assigned(node, fn)
         if values:
             return [p for v in values for p in _template(v, fn, consts)]
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "_object_path":
@@ -62,14 +68,40 @@ def _template(node: ast.expr, fn: ast.FunctionDef, consts: dict[str, Any]) -> li
     raise AssertionError(f"kube.py line {node.lineno}: cannot resolve the API path {ast.unparse(node)!r}")
 
 
-def _access(method: str, path: str, query: ast.expr | None) -> Access | None:
+def _assigned(name: ast.Name, fn: ast.FunctionDef) -> list[ast.expr]:
+    """The values assigned to ``name`` in ``fn`` (each marked as resolved for the stray-path check)."""
+    values = [a.value for a in ast.walk(fn) if isinstance(a, ast.Assign)
+              for t in a.targets if isinstance(t, ast.Name) and t.id == name.id]
+    _RESOLVED.update(id(n) for v in values for n in ast.walk(v))
+    return values
+
+
+_RESOLVED: set[int] = set()
+
+
+def _is_watch(query: ast.expr | None, fn: ast.FunctionDef) -> bool:
+    """True when a request's query (a dict, or a list of pairs, literal or through a local) sets ``watch``."""
+    if isinstance(query, ast.Name):
+        return any(_is_watch(v, fn) for v in _assigned(query, fn))
+    if isinstance(query, ast.Dict):
+        return any(isinstance(k, ast.Constant) and k.value == "watch" for k in query.keys)
+    if isinstance(query, ast.List | ast.Tuple):
+        return any(isinstance(e, ast.Tuple) and e.elts and isinstance(e.elts[0], ast.Constant)
+                   and e.elts[0].value == "watch" for e in query.elts)
+    return False
+
+
+def _access(method: str, path: str, query: ast.expr | None, watch: bool = False) -> Access | None:
     parts = path.strip("/").split("/")
     if parts[0] == "api":
         group, rest = "", parts[2:]
     elif parts[0] == "apis":
         group, rest = parts[1], parts[3:]
+    elif "/" + "/".join(parts) in PUBLIC_NON_RESOURCE:
+        return None
     else:
-        raise AssertionError(f"not an API path: {path}")
+        raise AssertionError(f"{path}: a non-resource URL no default role grants; add it to the ClusterRole "
+                             "(nonResourceURLs) and teach this test")
     if not rest:
         return None  # discovery: granted to every authenticated user by system:discovery
     namespace: str | None = None
@@ -77,8 +109,8 @@ def _access(method: str, path: str, query: ast.expr | None) -> Access | None:
         namespace = None if rest[1] == ANY else rest[1]
         rest = rest[2:]
     resource, named, sub = rest[0], len(rest) >= 2, rest[2] if len(rest) >= 3 else None
-    watch = isinstance(query, ast.Dict) and any(isinstance(k, ast.Constant) and k.value == "watch"
-                                                 for k in query.keys)
+    watch = watch or (isinstance(query, ast.Dict) and any(isinstance(k, ast.Constant) and k.value == "watch"
+                                                          for k in query.keys))
     verb = {
         "GET": ("watch" if watch else "get") if named else ("watch" if watch else "list"),
         "POST": "create", "PUT": "update", "PATCH": "patch",
@@ -97,8 +129,21 @@ def adapter_accesses() -> set[Access]:
     found: set[Access] = set()
     placed: set[int] = set()  # ids of the path nodes resolved
     functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
+    _RESOLVED.clear()
+    inside_request = {id(n) for f in functions if f.name == "_request" for n in ast.walk(f)}
     for fn in functions:
         for call in ast.walk(fn):
+            if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == RAW
+                    and id(call) not in inside_request):
+                kw = {k.arg: k.value for k in call.keywords}
+                m = kw.get("method")
+                assert isinstance(m, ast.Constant), f"line {call.lineno}: {RAW} with a non-literal method"
+                for path in _template(kw["resource_path"], fn, consts):
+                    access = _access(str(m.value), path, None, _is_watch(kw.get("query_params"), fn))
+                    if access is not None:
+                        found.add(access)
+                placed.add(id(kw["resource_path"]))
+                continue
             if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
                     and call.func.attr in HELPERS and fn.name not in HELPERS):
                 continue
@@ -115,15 +160,14 @@ def adapter_accesses() -> set[Access]:
             if query is None and call.func.attr == "_list" and len(call.args) > 1:
                 query = call.args[1]
             for path in _template(path_node, fn, consts):
-                access = _access(method, path, query)
+                access = _access(method, path, query, _is_watch(query, fn))
                 if access is not None:
                     found.add(access)
             placed.add(id(path_node))
     # Every path-like literal must belong to a call resolved above (or to _object_path, expanded there).
     object_path = next(f for f in functions if f.name == "_object_path")
     exempt = {id(n) for n in ast.walk(object_path)}
-    resolved_names = {id(n) for fn in functions for a in ast.walk(fn) if isinstance(a, ast.Assign)
-                      for n in ast.walk(a.value)}
+    resolved_names = set(_RESOLVED)
     for node in ast.walk(tree):
         text = node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else (
             node.values[0].value if isinstance(node, ast.JoinedStr) and node.values
@@ -133,7 +177,7 @@ def adapter_accesses() -> set[Access]:
             parents = [p for p in ast.walk(tree) if any(c is node for c in ast.iter_child_nodes(p))]
             if not any(id(p) in placed for p in parents):
                 raise AssertionError(f"kube.py line {getattr(node, 'lineno', '?')}: API path {text!r} is used outside "
-                                     "_request/_list: teach this test the new call")
+                                     "_request/_list/param_serialize: teach this test the new call")
     return found
 
 
@@ -159,6 +203,7 @@ def test_the_resolver_sees_the_calls_we_know_of() -> None:
     assert Access("", "pods", "deletecollection") in accesses
     assert Access("", "nodes", "patch") in accesses
     assert Access("", "events", "create", kube.EVENT_NAMESPACE) in accesses
+    assert Access("", "nodes", "watch") in accesses  # wait_node_change streams through param_serialize
 
 
 @pytest.mark.parametrize("values", [{}, production_values()], ids=["defaults", "production"])
@@ -197,5 +242,5 @@ def test_a_path_outside_the_request_helpers_fails_loudly(monkeypatch: pytest.Mon
     real = inspect.getsource(kube)
     smuggled = real + '\n\ndef _sneaky(api):\n    return api.call_api("/api/v1/secrets")\n'
     monkeypatch.setattr(inspect, "getsource", lambda _m: smuggled)
-    with pytest.raises(AssertionError, match="used outside _request/_list"):
+    with pytest.raises(AssertionError, match="is used outside _request"):
         adapter_accesses()
