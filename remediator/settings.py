@@ -179,7 +179,7 @@ class Settings(BaseSettings):
     bus_replicas: int = _in(
         "nats", default=1, ge=1, le=5,
         description="Replicas of every stream and KV bucket: 1 on one server, 3 on a production NATS cluster. "
-                    "`bus init` creates them so; `serve` and `agent` refuse a bus with fewer.",
+                    "`bus init` creates them so; `serve` refuses a bus with fewer.",
     )
     dispatch_ack_wait_s: float = _in(
         "nats", default=60.0, ge=1,
