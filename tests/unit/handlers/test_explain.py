@@ -1,6 +1,8 @@
 """``remediator classify --explain``: for each signal the rule, the span it matched, and why the action and
 playbook follow (catalog row, family rule, operator override); the DESIGN §10 keys are unchanged."""
 
+# ruff: noqa: E501
+
 from __future__ import annotations
 
 import json

@@ -5,6 +5,8 @@ The texts are verbatim lines of the real-world tables (sources there), split the
 tools split them: the split points are the only thing made here.
 """
 
+# ruff: noqa: E501
+
 from __future__ import annotations
 
 import io
