@@ -23,6 +23,22 @@ NAMESPACE = "gpu-remediator"
 KUBE_VERSION = "1.37.0"
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """A safe loader that refuses a mapping with a repeated key, as the API server's decoding does."""
+
+
+def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    keys = [loader.construct_object(k, deep=deep) for k, _ in node.value]
+    repeated = {k for k in keys if keys.count(k) > 1}
+    if repeated:
+        raise yaml.constructor.ConstructorError(None, None, f"repeated keys {sorted(map(str, repeated))}",
+                                                node.start_mark)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
+
+
 def production_values() -> dict[str, Any]:
     values: dict[str, Any] = yaml.safe_load(PRODUCTION_VALUES.read_text())
     return values
@@ -48,7 +64,7 @@ def render(values: dict[str, Any] | None = None, *, release: str = RELEASE,
     for template, text in sorted(manifests.items()):
         if template.endswith("NOTES.txt"):
             continue
-        for doc in yaml.safe_load_all(text):
+        for doc in yaml.load_all(text, Loader=_StrictLoader):  # a SafeLoader subclass
             if doc:
                 assert isinstance(doc, dict), f"{template}: a document that is not a mapping"
                 objects.append({**doc, "_template": template})

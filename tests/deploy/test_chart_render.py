@@ -419,3 +419,12 @@ def test_notes_say_dry_run_and_warn_about_a_bundled_nats_without_an_operator() -
 def test_values_schema_refuses(values: dict[str, Any]) -> None:
     with pytest.raises(helm_python.HelmValuesError):
         render(values)
+
+
+def test_a_repeated_key_is_refused_as_the_api_server_refuses_it() -> None:
+    """``render`` parses with a loader that refuses repeated keys (PyYAML alone keeps the last one)."""
+    import yaml as _yaml
+
+    from tests.deploy.chart import _StrictLoader
+    with pytest.raises(_yaml.constructor.ConstructorError, match="repeated keys"):
+        list(_yaml.load_all("metadata: {labels: {a: '1', a: '2'}}", Loader=_StrictLoader))

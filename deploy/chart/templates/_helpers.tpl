@@ -9,6 +9,14 @@
 {{- end -}}
 {{- end -}}
 
+{{/* gr.common goes with a gr.selector.* (which carries the instance); gr.labels stands alone. */}}
+{{- define "gr.common" -}}
+app.kubernetes.io/part-of: gpu-remediator
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
 {{- define "gr.labels" -}}
 app.kubernetes.io/part-of: gpu-remediator
 app.kubernetes.io/instance: {{ .Release.Name }}
