@@ -261,7 +261,7 @@ def test_agent_mounts_what_it_reads() -> None:
     pod = ds["spec"]["template"]["spec"]
     host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     mounts = {m["name"]: m for m in container(ds)["volumeMounts"]}
-    expected_ro = {"/dev/kmsg": True, "/var/log/journal": True, "/run/log/journal": True,
+    expected_ro = {"/dev/kmsg": True, "/var/log/journal": True, "/run/log/journal": True, "/etc/machine-id": True,
                    "/var/lib/kubelet/pods": True, "/var/log/pods": True,
                    "/var/lib/kubelet/pod-resources": False, "/var/lib/gpu-remediator": False}
     by_path = {path: mounts[name] for name, path in host.items()}
