@@ -242,6 +242,7 @@ async def environment(progress: Progress, *, nodes: int = 8, pools: int = 1, gpu
                 # one service key signs for every replica (signing_seed_file), and every agent trusts it
                 key_home = data_dir if data_dir is not None else root
                 service_key = service_signer(key_home)
+                key_file = Path(key_home) / "identity" / SERVICE_KEY_FILE
                 agent_options: dict[str, Any] = {"nvml_interval_s": 0.5, "trust_keys": (service_key.public_key,)}
                 agent_ids = issue_agent_creds(nats_server, names, root / "creds")  # one identity per node
                 fleet = SimFleet(root / "nodes", names, nats_url=nats_server.url, gpus=gpus,
@@ -260,7 +261,7 @@ async def environment(progress: Progress, *, nodes: int = 8, pools: int = 1, gpu
                     async with httpx.AsyncClient(timeout=10) as http:
                         world = World(cluster, fleet, Settings(), http, "", datetime.now(UTC), seeded,
                                       nats_server=nats_server, root=root, label=label,
-                                      overrides={"signing_seed_file": str(Path(key_home) / "identity" / SERVICE_KEY_FILE),
+                                      overrides={"signing_seed_file": str(key_file),
                                                  **(settings or {})}, crashable=crashable,
                                       agent_options=agent_options, nc=nc, js=js)
                         sync_task: asyncio.Task[None] | None = None
