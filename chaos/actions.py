@@ -3,7 +3,8 @@
 Where it sits: beside the fault injectors (``chaos.injectors``), called by the drill runner
 (``chaos.runner``) for a timeline's ``action`` entries, acting on the world (``chaos.world.World``). They
 break the bus (``nats_restart``), the Kubernetes API (``kube_api_errors``, ``kube_latency``), the service
-(``kill_replica``, ``lose_replica``), an agent (``agent_disconnect``) and they play the people around the system
+(``kill_replica``, ``lose_replica``), one server of a NATS cluster (``nats_server_kill``), an agent
+(``agent_disconnect``) and they play the people around the system
 (``manual_uncordon``, ``opt_out``, ``block_pdb``). Each returns (or its task returns) one line saying
 what it did, for the drill's report; an outage it causes is recorded on the world (``World.outages``) so
 the runner can prove a fault injected meanwhile was handled only after it ended.
@@ -23,7 +24,7 @@ from chaos.sim.gpu_node import sim_agent
 from chaos.world import Outage, World, start_replica
 from remediator.bus import EXECUTOR_CONSUMER
 from remediator.contracts import OPT_OUT_LABEL
-from remediator.subjects import REMEDIATIONS_STREAM
+from remediator.subjects import FAULTS_STREAM, REMEDIATIONS_STREAM
 
 
 async def nats_restart(world: World, down_s: float) -> str:
@@ -86,6 +87,31 @@ async def lose_replica(world: World, node: str) -> str:
         raise RuntimeError("no replica left alive")
     world.base_url = alive[-1].service.http_url
     return f"{actor} killed mid-step (no drain, no nak, lock kept); {', '.join(r.actor for r in alive)} carry on"
+
+
+async def nats_server_kill(world: World, server: int | str, down_s: float | None) -> str:
+    """SIGKILL one server of the world's NATS cluster (``faults_leader``: the FAULTS stream's leader), keep it
+    down ``down_s`` seconds (None: to the end), then start it again on the same ports and store. No outage
+    is recorded: the cluster keeps serving, and faults injected meanwhile must be handled as ever."""
+    cluster = world.nats_cluster
+    if cluster is None:
+        raise RuntimeError("nats_server_kill needs a NATS cluster (cluster.nats_servers: 3)")
+    if server == "faults_leader":
+        assert world.js is not None
+        info = await world.js.stream_info(FAULTS_STREAM)
+        leader = info.cluster.leader if info.cluster is not None else None
+        if not leader:
+            raise RuntimeError("the FAULTS stream has no leader")
+        index = int(leader.rsplit("-", 1)[1])
+    else:
+        index = int(server)
+    await asyncio.to_thread(cluster.kill, index)
+    killed = f"nats-server {index} ({cluster.name}-{index}) SIGKILLed"
+    if down_s is None:
+        return killed + ", stays down"
+    await asyncio.sleep(down_s)
+    await asyncio.to_thread(cluster.start_server, index)
+    return killed + f", back after {down_s:g}s"
 
 
 async def agent_disconnect(world: World, node: str, down_s: float) -> str:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Literal
 
+import httpx
+
 from chaos.faults import Fault, Injector, Via
 from chaos.kubelet import pod_job, pod_rank
 from chaos.sim import TRAINING_NAMESPACE
@@ -50,8 +52,19 @@ async def _post(world: World, alerts: list[dict[str, Any]], status: str = "firin
                "status": status, "receiver": "gpu-remediator", "groupLabels": {"alertname": "GPUXidError"},
                "commonLabels": {}, "commonAnnotations": {}, "externalURL": "http://alertmanager:9093",
                "alerts": alerts}
-    r = await world.http.post(f"{world.base_url}/v1/alertmanager", json=payload,
-                              headers={"Authorization": f"Bearer {TOKEN}"})
+    # As Alertmanager does, a 5xx (the bus failing over) is retried, here for up to 30 s; a 4xx is not.
+    deadline = asyncio.get_running_loop().time() + 30
+    while True:
+        try:
+            r = await world.http.post(f"{world.base_url}/v1/alertmanager", json=payload,
+                                      headers={"Authorization": f"Bearer {TOKEN}"})
+        except httpx.TransportError:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+        else:
+            if r.status_code < 500 or asyncio.get_running_loop().time() > deadline:
+                break
+        await asyncio.sleep(0.5)
     if r.status_code != 200:
         raise RuntimeError(f"webhook answered {r.status_code}: {r.text}")
     body: dict[str, Any] = r.json()

@@ -10,13 +10,17 @@ loss does), ``restart(i)`` brings it back on the same ports and store.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
+
+from nats.aio.client import Client as NATS
 
 from remediator.natsd import find_nats_server, free_port
 
@@ -26,7 +30,8 @@ __all__ = ["NatsCluster"]
 class NatsCluster:
     """``size`` clustered ``nats-server -js`` processes on free loopback ports; ``url`` names them all."""
 
-    def __init__(self, size: int = 3, *, name: str = "remediator-test", root: str | None = None) -> None:
+    def __init__(self, size: int = 3, *, name: str = "remediator-test", root: str | None = None,
+                 config: str | None = None) -> None:
         self.binary = find_nats_server()
         self.size = size
         self.name = name
@@ -38,6 +43,9 @@ class NatsCluster:
         self.ports = [free_port() for _ in range(size)]
         self.route_ports = [free_port() for _ in range(size)]
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * size
+        self.config = config  # a nats-server configuration every server loads (operator mode), or None
+        # how the readiness probe connects (operator mode: with credentials); default: anonymously
+        self.probe_connect: Callable[[], Awaitable[NATS]] | None = None
 
     @property
     def urls(self) -> list[str]:
@@ -56,7 +64,8 @@ class NatsCluster:
         routes = ",".join(f"nats://127.0.0.1:{p}" for j, p in enumerate(self.route_ports) if j != i)
         store = self.root / f"n{i}"
         store.mkdir(parents=True, exist_ok=True)
-        return [self.binary, "-js", "-a", "127.0.0.1", "-p", str(self.ports[i]), "-sd", str(store),
+        return [self.binary, *(["-c", self.config] if self.config else []), "-js", "-a", "127.0.0.1",
+                "-p", str(self.ports[i]), "-sd", str(store),
                 "-n", f"{self.name}-{i}", "--cluster_name", self.name,
                 "--cluster", f"nats://127.0.0.1:{self.route_ports[i]}", "--routes", routes, "--http_port", "0"]
 
@@ -92,8 +101,8 @@ class NatsCluster:
 
         async def probe() -> bool:
             try:
-                nc = await nats.connect(self.urls, connect_timeout=1, allow_reconnect=False,
-                                        max_reconnect_attempts=0)
+                nc = await (self.probe_connect() if self.probe_connect is not None else nats.connect(
+                    self.urls, connect_timeout=1, allow_reconnect=False, max_reconnect_attempts=0))
             except Exception:
                 return False
             try:
@@ -109,8 +118,10 @@ class NatsCluster:
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if asyncio.run(probe()):
-                return
+            # on a thread of its own: the caller may be inside an event loop (the drill world)
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                if pool.submit(lambda: asyncio.run(probe())).result():
+                    return
             time.sleep(0.25)
         raise RuntimeError(f"the NATS cluster elected no JetStream leader within {timeout}s")
 

@@ -38,6 +38,7 @@ from chaos.schema import (
     KubeLatencySpec,
     ManualUncordonSpec,
     NatsRestartSpec,
+    NatsServerKillSpec,
     OptOutSpec,
     ReplicaLossSpec,
 )
@@ -100,7 +101,8 @@ async def run_drill(drill: Drill, progress: Progress, *, label: str = "drill", d
                                jobs=jobs, label=label,
                                crashable=bool(drill.crashes() or drill.replica_losses()), kubelet=True,
                                data_dir=data_dir, nats_port=nats_port,
-                               service_replicas=drill.cluster.replicas) as world:
+                               service_replicas=drill.cluster.replicas,
+                               nats_servers=drill.cluster.nats_servers) as world:
             world.faults = [f for fs in faults.values() for f in fs]
             run = DrillRun(world, drill, progress, faults, {f.name: FaultResult(f) for f in world.faults})
             try:
@@ -199,6 +201,8 @@ async def _act(run: DrillRun, action: ActionSpec, label: str) -> None:
         old = world.replica.actor
         new = await actions.kill_replica(world)
         done(f"{old} killed (no graceful drain); {new.actor} started on the same bus")
+    elif isinstance(action, NatsServerKillSpec):
+        done(await actions.nats_server_kill(world, action.server, action.down_s))
     elif isinstance(action, ReplicaLossSpec):
         done(await actions.lose_replica(world, action.node))
     elif isinstance(action, AgentDisconnectSpec):

@@ -68,6 +68,7 @@ class ClusterSpec(_Spec):
     agents: Literal["all"] | list[str] = "all"
     jobs: list[ExtraJobSpec] = Field(default_factory=list)
     replicas: int = Field(1, ge=1, le=3)  # service replicas sharing the bus from the start
+    nats_servers: Literal[1, 3] = 1  # 3: a real three-server NATS cluster, every stream and bucket R3
 
     def node_names(self) -> list[str]:
         return [f"gpu-node-{i}" for i in range(self.nodes)]
@@ -242,6 +243,15 @@ class ReplicaLossSpec(_Spec):
     node: str
 
 
+class NatsServerKillSpec(_Spec):
+    """SIGKILL one server of the NATS cluster (``server``: its index, or ``faults_leader`` for the one leading
+    the FAULTS stream's Raft group); it stays down ``down_s`` seconds, or to the end of the drill."""
+
+    type: Literal["nats_server_kill"]
+    server: Literal["faults_leader", 0, 1, 2] = "faults_leader"
+    down_s: float | None = Field(None, gt=0, le=60)
+
+
 class AgentDisconnectSpec(_Spec):
     """Stop one node's agent for ``down_s`` seconds, then restart it."""
 
@@ -275,7 +285,8 @@ class BlockPdbSpec(_Spec):
 
 
 ActionSpec = Annotated[NatsRestartSpec | KubeApiErrorsSpec | KubeLatencySpec | KillServiceSpec
-                       | ReplicaLossSpec | AgentDisconnectSpec | ManualUncordonSpec | OptOutSpec | BlockPdbSpec,
+                       | ReplicaLossSpec | NatsServerKillSpec | AgentDisconnectSpec | ManualUncordonSpec
+                       | OptOutSpec | BlockPdbSpec,
                        Field(discriminator="type")]
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import tempfile
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -38,6 +38,7 @@ from nats.js.client import JetStreamContext
 from chaos import replica as replicas
 from chaos.faults import Fault, Progress
 from chaos.kubelet import Kubelet, gpu_indices, mirror_pods, pod_job
+from chaos.nats_cluster import NatsCluster
 from chaos.replica import Replica, TcpRelay
 from chaos.sim import GPU_RESOURCE, TRAINING_NAMESPACE, KubeApiServer, seed_cluster
 from chaos.sim.cluster import ClusterState, InjectedFault
@@ -104,6 +105,7 @@ class World:
     outages: list[Outage] = field(default_factory=list)
     start_rv: int = 0
     crash_times: list[float] = field(default_factory=list)  # monotonic times replicas were lost
+    nats_cluster: NatsCluster | None = None  # nats_servers=3: the bus; nats_server then only holds its identity
 
     def agent_config(self, node: str) -> dict[str, Any]:
         """``node``'s agent's ``AgentConfig`` fields: the shared options and its own credentials."""
@@ -140,6 +142,8 @@ class World:
 
     @property
     def nats_url(self) -> str:
+        if self.nats_cluster is not None:
+            return self.nats_cluster.url
         assert self.nats_server is not None
         return self.nats_server.url
 
@@ -173,7 +177,7 @@ async def start_replica(world: World, kube: KubeApiServer | None = None) -> Repl
     kube = kube or KubeApiServer(world.cluster).start()
     kubeconfig = kube.write_kubeconfig(world.root / ("kubeconfig" if index == 0 else f"kubeconfig-{index}"))
     relay = await TcpRelay("127.0.0.1", world.nats_server.port).start() if (
-        world.crashable and world.nats_server is not None) else None
+        world.crashable and world.nats_server is not None and world.nats_cluster is None) else None
     settings = harness_settings(relay.url if relay else world.nats_url, kubeconfig,
                                 f"{world.label}-replica-{index}", world.overrides)
     if world.nats_server is not None and world.nats_server.secure:  # replicas connect as the service role
@@ -209,7 +213,8 @@ async def environment(progress: Progress, *, nodes: int = 8, pools: int = 1, gpu
                       settings: Mapping[str, Any] | None = None, agents: Collection[str] | None = None,
                       jobs: Sequence[ExtraJob] = (), label: str = "drill", crashable: bool = False,
                       kubelet: bool = True, data_dir: Path | None = None,
-                      nats_port: int | None = None, service_replicas: int = 1) -> AsyncIterator[World]:
+                      nats_port: int | None = None, service_replicas: int = 1,
+                      nats_servers: int = 1) -> AsyncIterator[World]:
     """NATS, the simulated cluster and GPU nodes, the agents and one service replica; yields the ``World``.
 
     ``settings`` override the service's settings (``harness_settings``); ``agents`` names the nodes that
@@ -217,17 +222,20 @@ async def environment(progress: Progress, *, nodes: int = 8, pools: int = 1, gpu
     replica's NATS connection through a relay ``chaos.replica.crash`` can cut; ``kubelet`` stops the GPU
     processes of pods the API server deletes; ``data_dir`` and ``nats_port`` are the embedded
     nats-server's store (kept after the run) and port (default: a temporary store, a free port);
-    ``service_replicas`` replicas share the bus from the start (the first one's settings declare it).
+    ``service_replicas`` replicas share the bus from the start (the first one's settings declare it);
+    ``nats_servers=3`` makes the bus a real three-server NATS cluster (``chaos.nats_cluster``) in the same
+    operator mode, every stream and bucket declared R3 (as ``bus init --replicas 3``).
     """
     loop = asyncio.get_running_loop()
     previous_factory = replicas.install_task_tags(loop)
     try:
         with (tempfile.TemporaryDirectory(prefix=f"remediator-{label}-") as tmp,
-              EmbeddedNats(data_dir=None if data_dir is None else str(data_dir), port=nats_port,
-                           secure=True) as nats_server):
+              _bus(data_dir, nats_port, nats_servers) as (nats_server, nats_cluster)):
             root = Path(tmp)
+            bus_url = nats_cluster.url if nats_cluster is not None else nats_server.url
             progress(f"• embedded nats-server with JetStream on {nats_server.url}"
-                     + (f", store in {data_dir}" if data_dir is not None else ""))
+                     + (f", store in {data_dir}" if data_dir is not None else "") if nats_cluster is None else
+                     f"• NATS cluster of {nats_servers} servers with JetStream (R{nats_servers}) on {bus_url}")
             cluster = seed_cluster(nodes=nodes, gpus_per_node=gpus, pools=pools)
             for job in jobs:
                 _add_job(cluster, job)
@@ -245,7 +253,7 @@ async def environment(progress: Progress, *, nodes: int = 8, pools: int = 1, gpu
                 key_file = Path(key_home) / "identity" / SERVICE_KEY_FILE
                 agent_options: dict[str, Any] = {"nvml_interval_s": 0.5, "trust_keys": (service_key.public_key,)}
                 agent_ids = issue_agent_creds(nats_server, names, root / "creds")  # one identity per node
-                fleet = SimFleet(root / "nodes", names, nats_url=nats_server.url, gpus=gpus,
+                fleet = SimFleet(root / "nodes", names, nats_url=bus_url, gpus=gpus,
                                  agent_options=agent_options,
                                  agent_creds={n: str(root / "creds" / f"{n}.creds") for n in names})
                 with_agents = set(names) if agents is None else set(agents)
@@ -256,12 +264,13 @@ async def environment(progress: Progress, *, nodes: int = 8, pools: int = 1, gpu
                     progress(f"• {nodes} simulated GPU nodes x {gpus} GPUs, "
                              + ("each with its node agent" if with_agents == set(names)
                                 else f"node agents on {len(with_agents)} of them"))
-                    nc, js = await bus.connect(nats_server.url, name=f"{label}-observer",  # the harness: admin
+                    nc, js = await bus.connect(bus_url, name=f"{label}-observer",  # the harness: admin
                                                credentials=bus.Credentials(creds_file=nats_server.creds("admin")))
                     async with httpx.AsyncClient(timeout=10) as http:
                         world = World(cluster, fleet, Settings(), http, "", datetime.now(UTC), seeded,
-                                      nats_server=nats_server, root=root, label=label,
+                                      nats_server=nats_server, nats_cluster=nats_cluster, root=root, label=label,
                                       overrides={"signing_seed_file": str(key_file),
+                                                 **({"bus_replicas": nats_servers} if nats_servers > 1 else {}),
                                                  **(settings or {})}, crashable=crashable,
                                       agent_options=agent_options, nc=nc, js=js)
                         sync_task: asyncio.Task[None] | None = None
@@ -291,6 +300,34 @@ async def environment(progress: Progress, *, nodes: int = 8, pools: int = 1, gpu
                 kube.stop()
     finally:
         replicas.restore_task_tags(loop, previous_factory)
+
+
+@contextlib.contextmanager
+def _bus(data_dir: Path | None, port: int | None, servers: int) -> Iterator[tuple[EmbeddedNats, NatsCluster | None]]:
+    """The drill's bus: one embedded nats-server in operator mode, or (``servers`` > 1) a NATS cluster whose
+    servers load the same operator configuration; the embedded server then is never started and only holds
+    the operator, its credentials and that configuration."""
+    store = None if data_dir is None else str(data_dir)
+    if servers == 1:
+        with EmbeddedNats(data_dir=store, port=port, secure=True) as server:
+            yield server, None
+        return
+    holder = EmbeddedNats(data_dir=store, secure=True)
+    try:
+        config = holder._write_config()
+        cluster = NatsCluster(servers, root=str(Path(holder.data_dir) / "cluster"), config=str(config))
+        admin = bus.Credentials(creds_file=holder.creds("admin"))
+
+        async def probe_connect() -> NATS:
+            nc, _ = await bus.connect(cluster.url, name="cluster-probe", credentials=admin, connect_timeout=1,
+                                      allow_reconnect=False, max_reconnect_attempts=0)
+            return nc
+
+        cluster.probe_connect = probe_connect
+        with cluster:
+            yield holder, cluster
+    finally:
+        holder.close()
 
 
 def _add_job(cluster: ClusterState, job: ExtraJob) -> None:
