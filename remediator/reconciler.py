@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
+from nats.js.errors import NoKeysError
 from nats.js.kv import KeyValue
 
 from handlers.base import History
@@ -167,9 +168,9 @@ class Reconciler:
 
     async def _orphaned_incidents(self) -> list[Settlement]:
         """Close the open incidents of nodes that no longer exist (their histories under ``node.*``)."""
-        try:
-            keys = await self._kv.keys(filters=["node.*"])
-        except Exception:  # nats.js.errors.NoKeysError: an empty bucket
+        try:  # every key, filtered here: nats.py's subject filters find nothing on some servers
+            keys = [k for k in await self._kv.keys() if k.startswith("node.")]
+        except NoKeysError:
             return []
         present = {str(n.get("name")) for n in await self.kube.list_gpu_nodes()}
         done: list[Settlement] = []

@@ -108,7 +108,7 @@ async def test_a_dead_lettered_gpu_playbook_escalates_releases_its_reservation_a
     nats_server: EmbeddedNats, tmp_path: Path
 ) -> None:
     async with rig(nats_server.url, tmp_path, nodes=4, max_deliver=3, nak_delay_s=0.2) as r:
-        outage = AgentOutage(r.nc, r.sim)
+        outage = AgentOutage(r.nc, r.sim, r.agents.trust, keys=r.agents.keys, verifiers=r.agents.verifiers)
         for sub in list(r.nc._subs.values()):  # the rig's healthy responder goes; the outage one answers
             if sub.subject == "agent.*.cmd":
                 await sub.unsubscribe()
