@@ -56,8 +56,9 @@ import json
 import logging
 import random
 import socket
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -1445,9 +1446,32 @@ class AsyncKube:
         return await self._call(self.sync.list_gpu_nodes, pool)
 
     async def wait_node_change(self, resource_version: str | None, timeout_s: float) -> str | None:
-        """``KubeAdapter.wait_node_change`` on a thread of its own (a watch holds it for up to
-        ``timeout_s``; the port's pool stays free for the steps)."""
-        return await asyncio.to_thread(self.sync.wait_node_change, resource_version, timeout_s)
+        """``KubeAdapter.wait_node_change`` on a daemon thread of its own (a watch holds it for up to
+        ``timeout_s``): the port's pool stays free for the steps, and a process that stops never waits for a
+        watch to time out."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[str | None] = loop.create_future()
+
+        def settle(value: str | None, error: BaseException | None) -> None:
+            if fut.done():
+                return
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(value)
+
+        def work() -> None:
+            try:
+                value, error = self.sync.wait_node_change(resource_version, timeout_s), None
+            except Exception as e:
+                value, error = None, e
+            try:
+                loop.call_soon_threadsafe(settle, value, error)
+            except RuntimeError:  # the loop is gone: nobody waits for this watch any more
+                pass
+
+        threading.Thread(target=work, name="kube-watch", daemon=True).start()
+        return await fut
 
     async def taint(self, node: str, key: str, value: str, effect: str = "NoSchedule") -> Change:
         return await self._call(self.sync.taint, node, key, value, effect)
