@@ -49,6 +49,7 @@ the audit trail.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import hashlib
@@ -1465,10 +1466,8 @@ class AsyncKube:
                 value, error = self.sync.wait_node_change(resource_version, timeout_s), None
             except Exception as e:
                 value, error = None, e
-            try:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits for this watch any more
                 loop.call_soon_threadsafe(settle, value, error)
-            except RuntimeError:  # the loop is gone: nobody waits for this watch any more
-                pass
 
         threading.Thread(target=work, name="kube-watch", daemon=True).start()
         return await fut
