@@ -68,7 +68,7 @@ async def breaker_status(url: str) -> dict[str, Any]:
         b = ledger.breaker
         return {"open": b.open, "tripped_at": b.tripped_at.isoformat() if b.tripped_at else None,
                 "reason": b.reason, "recent_quarantines": len(b.quarantines),
-                "reservations": len(ledger.reservations)}
+                "reservations": len(ledger.reservations), "handovers": len(ledger.handovers)}
     finally:
         await nc.close()
 
