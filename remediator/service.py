@@ -25,7 +25,7 @@ import os
 import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import uvicorn
@@ -47,6 +47,7 @@ from remediator.contracts import utcnow
 from remediator.dispatch import Dispatcher
 from remediator.errors import SetupError
 from remediator.executor import Executor
+from remediator.identity import http as identity_http
 from remediator.ingest.app import create_app
 from remediator.ingest.server import uvicorn_limits
 from remediator.metrics import ServiceMetrics
@@ -198,6 +199,9 @@ class Service:
             app = create_app(settings=s, nc=self.nc, js=self.js, audit=self.audit,
                              service_metrics=self.metrics.render, readiness=self.readiness.report)
             audit_api.mount(app, AuditReader(self.js), s)  # the read-only /v1/audit API and /audit/ view
+            identity = self._agent_identity(s)
+            if identity is not None:  # POST /v1/identity/agent: agents' credentials after a TokenReview
+                app.include_router(identity_http.router(identity))
             config = uvicorn.Config(app, host=s.http_host, port=s.http_port, log_level="warning",
                                     access_log=False, lifespan="off",
                                     **uvicorn_limits(s.http_header_timeout_s, s.http_keep_alive_s))
@@ -232,6 +236,27 @@ class Service:
         return Readiness({"bus": bus_ok, "consumers": consumers_ok, "kubernetes": kube_ok},
                          interval_s=s.readiness_interval_s, timeout_s=s.readiness_timeout_s,
                          on_change=lambda c: self.metrics.set_ready(c.name, c.ok))
+
+    def _agent_identity(self, s: Settings) -> identity_http.AgentIdentity | None:
+        """The agent-identity endpoint, when this replica holds an agents signing key: the embedded
+        store's, or the production account's (``nats_agent_signing_key`` with ``nats_account``)."""
+        if self.nats is not None and self.nats.store is not None:
+            issuer = self.nats.store.issuer()
+        elif s.nats_agent_signing_key:
+            from remediator.identity import keys
+            from remediator.identity.issuer import Issuer
+
+            try:
+                key = keys.read_seed_file(s.nats_agent_signing_key, "account")
+            except ValueError as e:
+                raise SetupError(f"REMEDIATOR_NATS_AGENT_SIGNING_KEY: {e}") from None
+            issuer = Issuer(s.nats_account or key.public_key, agents_key=key)
+        else:
+            return None
+        assert self.kube is not None and self.js is not None
+        return identity_http.AgentIdentity(self.kube, issuer, self.js, audience=s.identity_audience,
+                                           namespace=s.identity_namespace, daemonset=s.identity_daemonset,
+                                           ttl=timedelta(seconds=s.identity_ttl_s), clock=self.clock)
 
     async def _provision(self, s: Settings) -> None:
         """Declare the bus: on the embedded server as its ``admin`` identity (the service's own may not

@@ -62,6 +62,19 @@ class NatsSettings:
     bus_replicas: int
     dispatch_ack_wait_s: float
     executor_ack_wait_s: float
+    # who connects (bus.Credentials) and how agents get their credentials (remediator.identity.http)
+    nats_creds_file: str | None = None
+    nats_nkey_seed_file: str | None = None
+    nats_tls_ca: str | None = None
+    nats_tls_cert: str | None = None
+    nats_tls_key: str | None = None
+    nats_port: int | None = None
+    nats_account: str | None = None
+    nats_agent_signing_key: str | None = None
+    identity_audience: str = ""
+    identity_namespace: str = ""
+    identity_daemonset: str = ""
+    identity_ttl_s: int = 0
 
 
 @dataclass(frozen=True)
@@ -140,6 +153,22 @@ class ExecutorSettings:
     escalation_webhook_url: str | None
 
 
+_NATS_IDENTITY_FIELDS = (
+    "nats_creds_file",
+    "nats_nkey_seed_file",
+    "nats_tls_ca",
+    "nats_tls_cert",
+    "nats_tls_key",
+    "nats_port",
+    "nats_account",
+    "nats_agent_signing_key",
+    "identity_audience",
+    "identity_namespace",
+    "identity_daemonset",
+    "identity_ttl_s",
+)
+
+
 class Settings(BaseSettings):
     """Configuration of ``serve``, ``agent``, ``demo`` and ``bench``."""
 
@@ -166,6 +195,30 @@ class Settings(BaseSettings):
     nats_tls_key: str | None = _in("nats", default=None, description="Key of the NATS client certificate.")
     nats_port: int | None = _in(
         "nats", default=None, ge=1, le=65535, description="Port of the embedded nats-server. Unset: a free one.",
+    )
+    nats_account: str | None = _in(
+        "nats", default=None,
+        description="Public key (A…) of the production NATS account the agents' signing key belongs to.",
+    )
+    nats_agent_signing_key: str | None = _in(
+        "nats", default=None,
+        description="Seed file of the account's scoped agents signing key: serve then issues each agent its "
+                    "node's credentials at POST /v1/identity/agent after a TokenReview. Never printed.",
+    )
+    identity_audience: str = _in(
+        "nats", default="gpu-remediator", min_length=1, max_length=253,
+        description="Audience the agents' projected ServiceAccount tokens must carry (TokenReview).",
+    )
+    identity_namespace: str = _in(
+        "nats", default="gpu-remediator", min_length=1, max_length=63,
+        description="Namespace of the agent DaemonSet whose pods may ask for agent credentials.",
+    )
+    identity_daemonset: str = _in(
+        "nats", default="gpu-remediator-agent", min_length=1, max_length=253,
+        description="Name of the agent DaemonSet: only its pods, on the node they run on, get that node's credentials.",
+    )
+    identity_ttl_s: int = _in(
+        "nats", default=3600, ge=60, le=86_400, description="Lifetime of an agent's issued NATS credentials.",
     )
     duplicate_window_s: int = _in(
         "nats", default=1200, ge=600, description="JetStream duplicate window of FAULTS (covers Alertmanager retries)."
@@ -505,7 +558,8 @@ class Settings(BaseSettings):
     def nats_view(self) -> NatsSettings:
         return NatsSettings(self.nats_urls, self.data_dir, self.duplicate_window_s, self.max_deliver,
                             self.nak_delay_s, self.audit_max_age_days, self.audit_max_bytes, self.bus_replicas,
-                            self.dispatch_ack_wait_s, self.executor_ack_wait_s)
+                            self.dispatch_ack_wait_s, self.executor_ack_wait_s,
+                            **{name: getattr(self, name) for name in _NATS_IDENTITY_FIELDS})
 
     def kube_view(self) -> KubeSettings:
         return KubeSettings(self.kubeconfig, self.kube_qps, self.kube_burst, self.kube_retry_budget_s,

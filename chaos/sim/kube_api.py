@@ -330,6 +330,10 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         path = url.path.rstrip("/") or "/"
         query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+        if path == TOKEN_REVIEWS_PATH:
+            app.state.record_request(self.command.lower(), "tokenreviews")
+            self._send(_token_review(app.state, self.command, body))
+            return
         try:
             r = route(self.command, path, query)
         except ApiError as err:
@@ -442,6 +446,23 @@ def _watch_type(ev: WatchEvent, rt: ResourceType, namespace: str | None,
     if now:
         return "MODIFIED" if before else "ADDED"
     return "DELETED" if before else None
+
+
+TOKEN_REVIEWS_PATH = "/apis/authentication.k8s.io/v1/tokenreviews"
+
+
+def _token_review(state: ClusterState, method: str, body: bytes) -> _Response:
+    """``POST tokenreviews``: the review of a bound ServiceAccount token (``chaos.sim.tokens``)."""
+    from chaos.sim.tokens import tokens_of
+
+    if method != "POST":
+        return _error_response(ApiError(405, f"the server does not allow this method on the requested resource "
+                                             f"({method})", reason="MethodNotAllowed"))
+    try:
+        answer = tokens_of(state).review(_decode(body))
+    except (ValueError, ApiError) as e:
+        return _error_response(ApiError(400, f"TokenReview is invalid: {e}", reason="BadRequest"))
+    return _Response(201, _dumps(answer))
 
 
 def _dry_run(query: dict[str, str], body: Any) -> bool:

@@ -555,6 +555,22 @@ class KubeAdapter:
                 return items
             params["continue"] = token
 
+    # --- identity: TokenReview (the agents' ServiceAccount tokens) --------------------------------------
+
+    def review_token(self, token: str, audiences: Sequence[str]) -> dict[str, Any]:
+        """The ``status`` of an authentication.k8s.io/v1 TokenReview of ``token`` for ``audiences``
+        (``authenticated``, ``user`` with ``extra``, ``error``). The token is never logged."""
+        body = {"kind": "TokenReview", "apiVersion": "authentication.k8s.io/v1",
+                "spec": {"token": token, "audiences": list(audiences)}}
+        answer = self._request("POST", "/apis/authentication.k8s.io/v1/tokenreviews", body=body, kind="TokenReview")
+        status = answer.get("status")
+        return dict(status) if isinstance(status, dict) else {}
+
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        """One pod as the API returns it (``NotFound`` when there is none)."""
+        return self._request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}", kind="Pod", name=name,
+                             namespace=namespace)
+
     # --- nodes ---------------------------------------------------------------------------------------
 
     def _raw_node(self, name: str) -> dict[str, Any]:
@@ -1434,6 +1450,14 @@ class AsyncKube:
         """Stop the worker threads and release the adapter's connection pool."""
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.sync.close()
+
+    # --- identity
+
+    async def review_token(self, token: str, audiences: Sequence[str]) -> dict[str, Any]:
+        return await self._call(self.sync.review_token, token, audiences)
+
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        return await self._call(self.sync.read_pod, namespace, name)
 
     # --- nodes
 

@@ -66,11 +66,16 @@ def served(tmp_path: Path) -> Iterator[tuple[ClusterState, str, Path]]:
                 time.sleep(0.2)
             else:
                 raise AssertionError("serve did not become ready")
+            (data_dir / "http").write_text(f"http://127.0.0.1:{http_port}")
             yield cluster, f"nats://127.0.0.1:{nats_port}", data_dir
         finally:
             proc.send_signal(signal.SIGTERM)
             _out, err = proc.communicate(timeout=30)
         assert proc.returncode == 0, err[-3000:]
+
+
+def _http_base(data_dir: Path) -> str:
+    return (data_dir / "http").read_text()
 
 
 def _xid79(node: str, seq: int, *, body_node: str | None = None) -> FaultEvent:
@@ -197,3 +202,67 @@ async def test_a_revoked_agent_is_refused_after_reload(tmp_path: Path) -> None:
         other = server.store.issue("agent", node="gpu-node-2", now=datetime.now(UTC))
         other_path = creds.write(tmp_path / "b.creds", other.jwt, other.user)
         assert await _refusal(server.url, user_credentials=str(other_path)) is None  # another agent is not affected
+
+
+async def test_an_agent_pod_trades_its_serviceaccount_token_for_its_nodes_credentials(
+        served: tuple[ClusterState, str, Path], tmp_path: Path) -> None:
+    from chaos.sim.tokens import tokens_of
+
+    cluster, url, data_dir = served
+    base = _http_base(data_dir)
+    authority = tokens_of(cluster)
+
+    def pod_on(node: str, prefix: str) -> dict[str, object]:
+        return next(p for p in cluster.pods_on(node) if p["metadata"]["name"].startswith(prefix))
+
+    agent_pod = pod_on("gpu-node-1", "gpu-remediator-agent-")
+    token = authority.issue("gpu-remediator", agent_pod["metadata"]["name"], audience="gpu-remediator")
+
+    async with httpx.AsyncClient(base_url=base, timeout=10) as http:
+        def ask(bearer: str | None, node: str) -> object:
+            headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
+            return http.post("/v1/identity/agent", json={"node": node}, headers=headers)
+
+        refused = {
+            "no token": (await ask(None, "gpu-node-1")).status_code,
+            "unknown token": (await ask("sim.forged", "gpu-node-1")).status_code,
+            "another node": (await ask(token, "gpu-node-2")).status_code,
+            "another audience": (await ask(authority.issue(
+                "gpu-remediator", agent_pod["metadata"]["name"], audience="other"), "gpu-node-1")).status_code,
+            "not the agent's pod": (await ask(authority.issue(
+                "training", pod_on("gpu-node-1", "pytorch-")["metadata"]["name"], audience="gpu-remediator"),
+                "gpu-node-1")).status_code,
+        }
+        assert refused == {"no token": 401, "unknown token": 401, "another node": 403, "another audience": 401,
+                           "not the agent's pod": 403}
+
+        answer = await ask(token, "gpu-node-1")
+        assert answer.status_code == 200, answer.text
+        doc = answer.json()
+        path = tmp_path / "issued.creds"
+        path.write_text(doc["creds"])
+        path.chmod(0o600)
+        assert doc["public_key"] == creds.read_seed(path).public_key and doc["expires_at"]
+
+        errors: list[str] = []
+
+        async def on_error(e: Exception) -> None:
+            errors.append(str(e))
+
+        nc, js = await bus.connect(url, name="agent-issued", credentials=bus.Credentials(creds_file=str(path)),
+                                   error_cb=on_error)
+        admin_nc, admin_js = await bus.connect(url, name="test-admin", credentials=bus.Credentials(
+            creds_file=str(data_dir / "identity" / "creds" / "admin.creds")))
+        try:
+            assert (await bus.publish_event(js, _xid79("gpu-node-1", 7))).stream == "FAULTS"
+            await nc.publish("faults.agent.gpu-node-2", b"{}")
+            await nc.flush()
+            await _until(lambda: any('"faults.agent.gpu-node-2"' in e for e in errors), "node 2 refused")
+            entry = await (await admin_js.key_value(STATE_BUCKET)).get(agent_key_key("gpu-node-1"))
+            assert entry.value is not None and json.loads(entry.value)["public_key"] == doc["public_key"]
+        finally:
+            await nc.close()
+            await admin_nc.close()
+
+        cluster.delete("pods", agent_pod["metadata"]["name"], "gpu-remediator")  # the bound pod is gone
+        assert (await ask(token, "gpu-node-1")).status_code == 401
