@@ -25,6 +25,7 @@ from remediator.contracts import utcnow
 from remediator.kv import LostRace, json_documents
 from remediator.run import RunLog
 from remediator.safety import BreakerState, LedgerStore
+from remediator.signing import Signer, SigningKeyError, load_signer
 from remediator.subjects import STATE_BUCKET, approval_key
 
 _nats_option = click.option("--nats", "nats_url", envvar="REMEDIATOR_NATS_URL", required=True,
@@ -39,6 +40,23 @@ def _actor(actor: str | None) -> str:
         return f"human:{getpass.getuser()}"
     except Exception:  # no login name in a container: still say it was a person
         return "human:unknown"
+
+
+def operator_signer(creds: str | None = None) -> Signer | None:
+    """The key an operator's audit records are signed with: ``signing_seed_file`` when set, else the seed of
+    the operator's NATS ``creds``; None (unsigned, which ``audit verify`` reports) when neither is given.
+    Its public key belongs in ``REMEDIATOR_AUDIT_TRUST_KEYS``."""
+    from remediator.settings import Settings
+
+    path = Settings().signing_seed_file or creds
+    if not path:
+        click.echo("warning: no signing key (REMEDIATOR_SIGNING_SEED_FILE or NATS creds): this audit record is "
+                   "unsigned and `audit verify` will report it", err=True)
+        return None
+    try:
+        return load_signer(path)
+    except SigningKeyError as e:
+        raise click.ClickException(str(e)) from None
 
 
 async def _state(url: str, creds: str | None = None) -> tuple[Any, Any, Any]:
@@ -81,8 +99,8 @@ async def breaker_reset(url: str, reason: str, actor: str) -> dict[str, Any]:
             before = await LedgerStore(kv).reset_breaker()
         except LostRace as e:
             raise click.ClickException("the safety ledger kept changing; try again") from e
-        await AuditLog(js, actor).append(None, "breaker_reset", reason, before=before.to_json(),
-                                         after=BreakerState().to_json())
+        await AuditLog(js, actor, signer=operator_signer()).append(
+            None, "breaker_reset", reason, before=before.to_json(), after=BreakerState().to_json())
         return {"open": False, "was_open": before.open, "reason": reason, "actor": actor}
     finally:
         await nc.close()
@@ -154,7 +172,8 @@ async def approve_incident(url: str, incident: str, reason: str, *, creds: str |
             await approvals.put(key, body, existing.revision)
         except LostRace:
             raise ApprovalRefused(f"incident {incident} was approved by someone else just now") from None
-        await AuditLog(js, actor).append(run.node, "approval", reason or "approved", incident=incident, after=body)
+        await AuditLog(js, actor, signer=operator_signer(creds)).append(
+            run.node, "approval", reason or "approved", incident=incident, after=body)
         return {**body, "already": False}
     finally:
         await nc.close()
