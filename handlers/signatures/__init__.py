@@ -286,8 +286,9 @@ def _scan_block(block: bytes, first_line: int, rules: RuleSet | None = None) -> 
 class LineScanner:
     """The fast path for many lines: anchors first, full parsing only for the lines that contain one.
 
-    Every entry point yields ``(1-based line number, Signal)`` in input order and judges each line exactly
-    as ``classify_line`` does. ``scan`` takes an iterable of lines (with or without their newlines);
+    Every entry point yields ``(1-based line number, Signal)`` in input order and judges each line as
+    ``classify_line`` does; a record split over lines is joined by the framing layer (``framing``) and
+    reported once, at the line where it starts. ``scan`` takes an iterable of lines (with or without their newlines);
     ``scan_text`` one string; ``scan_bytes`` raw bytes; ``scan_stream`` a binary stream read in big blocks.
     """
 

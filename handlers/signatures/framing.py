@@ -39,14 +39,21 @@ MAX_LINES = 3
 _CRI_PARTIAL_RE = re.compile(r"^\s*\d{4}-\d\d-\d\dT\S+\s+(?:stdout|stderr)\s+P\s")
 
 
+# A line that opens a record of its own: a timestamp or bracket, or a "Tag: " prefix ("NVRM: ", "kernel: ",
+# "RuntimeError: ", "[rank0]: ") -- never the tail of the line before it.
+_RECORD_START_RE = re.compile(r"^(?:[\[\d`{]|[A-Za-z_][\w.\-]*(?:\[\d+\])?:\s)")
+
+
 def continues(first: str, second: str) -> bool:
     """True when ``second`` reads as the continuation of ``first`` (see the module docstring)."""
     if not second or not first:
         return False
     head = second[:1]
-    if head in " \t" or head.islower() or first[-1:] in " \t":
+    if head in " \t":
         return True
-    return first.rstrip().endswith(_OPENERS)
+    if _RECORD_START_RE.match(second):
+        return False
+    return head.islower() or first[-1:] in " \t" or first.rstrip().endswith(_OPENERS)
 
 
 def is_table_continuation(line: str) -> bool:
