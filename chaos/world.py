@@ -204,6 +204,7 @@ def issue_agent_creds(server: EmbeddedNats, nodes: Sequence[str], root: Path) ->
     now = datetime.now(UTC)
     issued = {n: server.store.issue("agent", node=n, now=now) for n in nodes}
     for n, one in issued.items():
+        assert one.user is not None
         creds.write(root / f"{n}.creds", one.jwt, one.user)
     return issued
 

@@ -34,6 +34,11 @@ AGENT_STOP_S = 15.0  # after SIGTERM/SIGINT the agent exits within this, stopped
               type=click.Path(dir_okay=False, exists=True),
               help="This node's NATS .creds file (`remediator bus creds --role agent --node NAME`); its key also "
                    "signs replies unless --signing-seed names another.")
+@click.option("--identity-url", envvar="REMEDIATOR_IDENTITY_URL", default=None, metavar="URL",
+              help="The service's base URL: get this node's NATS credentials there (POST /v1/identity/agent) with "
+                   "the projected ServiceAccount token of --identity-token-file, and renew them before they expire.")
+@click.option("--identity-token-file", envvar="REMEDIATOR_IDENTITY_TOKEN_FILE", default=None, metavar="FILE",
+              help="The projected ServiceAccount token (audience of the service's identity_audience).")
 @click.option("--kmsg", "kmsg_path", default=None, metavar="PATH",
               help="Kernel log: /dev/kmsg, a kmsg-format file, or a dmesg/syslog text file that grows.")
 @click.option("--journal", is_flag=True, help="Follow `journalctl -k -o json` (look-back 2 h without a cursor).")
@@ -70,7 +75,8 @@ AGENT_STOP_S = 15.0  # after SIGTERM/SIGINT the agent exits within this, stopped
                    "made once).")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-def agent(node: str, nats_url: str, creds_file: str | None, kmsg_path: str | None, journal: bool, nvml: bool,
+def agent(node: str, nats_url: str, creds_file: str | None, identity_url: str | None,
+          identity_token_file: str | None, kmsg_path: str | None, journal: bool, nvml: bool,
           sim_gpus: int | None, pod_logs: str | None, spool_dir: str | None, state_dir: str | None, interval_s: float,
           spool_max_bytes: int, reboot_command: str | None, health_command: str | None,
           nvml_xid_events: bool | None, nvml_library: str | None, boot_id_path: str, proc_root: str,
@@ -104,8 +110,11 @@ def agent(node: str, nats_url: str, creds_file: str | None, kmsg_path: str | Non
         "signing_seed_file": signing_seed_file or creds_file, "creds_file": creds_file,
         "trust_keys": tuple(k for entry in trust_keys for k in entry.replace(",", " ").split()),
     }
+    if identity_url and (creds_file or not identity_token_file):
+        raise click.UsageError("--identity-url needs --identity-token-file and excludes --creds")
+    identity = (identity_url, identity_token_file) if identity_url and identity_token_file else None
     try:
-        asyncio.run(_run(options, nvml=nvml, sim_gpus=sim_gpus, nvml_library=nvml_library,
+        asyncio.run(_run(options, identity=identity, nvml=nvml, sim_gpus=sim_gpus, nvml_library=nvml_library,
                          reboot_command=reboot_command, health_command=health_command, proc_root=proc_root,
                          kubelet_pods_dir=kubelet_pods_dir))
     finally:
@@ -123,13 +132,37 @@ def _skip_websocket_transport(url: str) -> None:
     sys.modules["aiohttp"] = None  # type: ignore[assignment]
 
 
-async def _run(options: dict[str, Any], *, nvml: bool, sim_gpus: int | None, nvml_library: str | None,
+async def _identity(options: dict[str, Any], url: str, token_file: str) -> Any:
+    """This node's credentials from the service (retried until it answers); the creds file and the key
+    that signs replies go into ``options``. Returns the expiry for ``keep_fresh``."""
+    from remediator.identity import client
+
+    log = logging.getLogger("remediator.agent")
+    wait = 2.0
+    while True:
+        try:
+            path, expires = await client.fetch(url, token_file, options["node"], options["state_dir"])
+        except Exception as e:  # the service is not up yet, or refuses: say why, keep trying
+            log.warning("agent credentials from %s: %s; retrying in %gs", url, e, wait)
+            await asyncio.sleep(wait)
+            wait = min(60.0, wait * 2)
+            continue
+        options["creds_file"] = str(path)
+        options["signing_seed_file"] = options.get("signing_seed_file") or str(
+            Path(options["state_dir"]) / "identity" / client.KEY_FILE)
+        log.info("agent credentials for %s issued until %s", options["node"], expires)
+        return expires
+
+
+async def _run(options: dict[str, Any], *, identity: tuple[str, str] | None = None, nvml: bool,
+               sim_gpus: int | None, nvml_library: str | None,
                reboot_command: str | None, health_command: str | None, proc_root: str,
                kubelet_pods_dir: str) -> None:
     from remediator.agent.host import ProcPodView, SubprocessHostRunner
     from remediator.agent.main import Agent, AgentConfig
 
     log = logging.getLogger("remediator.agent")
+    expires = await _identity(options, *identity) if identity is not None else None
     agent_obj: Agent
     if sim_gpus:
         from chaos.sim.gpu_node import SimGpuNode, sim_agent_config
@@ -174,6 +207,12 @@ async def _run(options: dict[str, Any], *, nvml: bool, sim_gpus: int | None, nvm
     started = False
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
+    renew: asyncio.Task[None] | None = None
+    if identity is not None:
+        from remediator.identity import client
+
+        renew = asyncio.create_task(client.keep_fresh(identity[0], identity[1], options["node"],
+                                                      options["state_dir"], expires, stop))
     try:
         await agent_obj.start()
         started = True
@@ -184,4 +223,6 @@ async def _run(options: dict[str, Any], *, nvml: bool, sim_gpus: int | None, nvm
             raise
     finally:
         log.info("agent %s stopping", options["node"])
+        if renew is not None:
+            renew.cancel()
         await agent_obj.stop()

@@ -126,18 +126,19 @@ def creds(role: str, node: str | None, out: Path, data_dir: Path | None, signing
                               ttl=timedelta(seconds=ttl_s) if ttl_s else None)
         from remediator.identity import creds as creds_file
 
+        assert issued.user is not None  # made here: this command writes the seed too
         creds_file.write(out, issued.jwt, issued.user)
     except (IdentityError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     announced = None
     if issued.node is not None:
         announced = _announce(issued, nats_url, data_dir)
-    doc = {"path": str(out), "role": issued.role, "node": issued.node, "public_key": issued.user.public_key,
+    doc = {"path": str(out), "role": issued.role, "node": issued.node, "public_key": issued.public_key,
            "expires_at": issued.expires_at.isoformat() if issued.expires_at else None, "announced": announced}
     if as_json:
         click.echo(json.dumps(doc))
     click.echo(f"wrote {out} (role {issued.role}" + (f", node {issued.node}" if issued.node else "")
-               + f", user {issued.user.public_key}" + (f", expires {doc['expires_at']}" if ttl_s else "") + ")",
+               + f", user {issued.public_key}" + (f", expires {doc['expires_at']}" if ttl_s else "") + ")",
                err=True)
     if issued.node is not None and not announced:
         click.echo(f"warning: the agent key of {issued.node} was not announced (no bus given or reachable): the "

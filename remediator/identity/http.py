@@ -5,7 +5,7 @@ Where it sits: mounted on the service's HTTP app (``remediator.service``) when t
 account's scoped agents signing key (embedded: the store's; production: ``nats_agent_signing_key``). No
 secret is baked per node. The checks, in order, each refusal one line and logged without the token:
 
-1. the body is ``{"node": NAME}`` (bounded) and the header ``Authorization: Bearer <token>`` (bounded);
+1. the body is ``{"node": NAME}`` or ``{"node": NAME, "public_key": "U…"}`` (bounded) and the header ``Authorization: Bearer <token>`` (bounded);
 2. the Kubernetes API's TokenReview (``authentication.k8s.io/v1``) authenticates the token for the
    configured audience (401 otherwise);
 3. the token belongs to a ServiceAccount of the agent's namespace and is bound to a pod
@@ -15,8 +15,9 @@ secret is baked per node. The checks, in order, each refusal one line and logged
    the agent DaemonSet (403 otherwise);
 
 then a user JWT for ``node`` from the agents key (``identity_ttl_s``), its public key announced as the node's
-agent key (``agentkey.<node>``), and the ``.creds`` text returned (``{"node", "creds", "public_key",
-"expires_at"}``; the response is never logged). A TokenReview that cannot be made is 503.
+agent key (``agentkey.<node>``), and returned: with ``public_key`` (the agent keeps its seed on the node,
+``remediator.identity.client``) only the JWT (``{"node", "jwt", "public_key", "expires_at"}``), else the
+whole ``.creds`` text (``"creds"``); the response is never logged. A TokenReview that cannot be made is 503.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ class AgentIdentity:
     ttl: timedelta
     clock: Callable[[], datetime]
 
-    async def issue(self, token: str, node: str) -> dict[str, Any]:
+    async def issue(self, token: str, node: str, public_key: str | None = None) -> dict[str, Any]:
         try:
             status = await self.kube.review_token(token, [self.audience])
         except Exception as e:  # the API is away or refuses the review itself: the agent retries
@@ -105,14 +106,19 @@ class AgentIdentity:
                    for o in owners):
             raise Refused(403, f"pod {self.namespace}/{pod_name} is not a pod of DaemonSet {self.daemonset}")
         try:
-            issued = self.issuer.issue("agent", node=node, now=self.clock(), ttl=self.ttl)
+            issued = self.issuer.issue("agent", node=node, now=self.clock(), ttl=self.ttl, public_key=public_key)
         except IdentityError as e:
             raise Refused(400, str(e)) from None
         await agents.announce(self.js, issued)
         log.info("issued agent credentials for node %s to pod %s/%s (user %s, until %s)", node, self.namespace,
-                 pod_name, issued.user.public_key, issued.expires_at)
-        return {"node": node, "creds": creds.render(issued.jwt, issued.user), "public_key": issued.user.public_key,
-                "expires_at": issued.expires_at.isoformat() if issued.expires_at else None}
+                 pod_name, issued.public_key, issued.expires_at)
+        answer: dict[str, Any] = {"node": node, "public_key": issued.public_key,
+                                  "expires_at": issued.expires_at.isoformat() if issued.expires_at else None}
+        if issued.user is not None:  # the key was made here: hand over the whole .creds
+            answer["creds"] = creds.render(issued.jwt, issued.user)
+        else:  # the agent keeps its seed; it writes the .creds itself (remediator.identity.client)
+            answer["jwt"] = issued.jwt
+        return answer
 
 
 def router(identity: AgentIdentity) -> APIRouter:
@@ -123,8 +129,8 @@ def router(identity: AgentIdentity) -> APIRouter:
                                                       "NATS credentials")
     async def agent_credentials(request: Request) -> Response:
         try:
-            token, node = await _read(request)
-            answer = await identity.issue(token, node)
+            token, node, public_key = await _read(request)
+            answer = await identity.issue(token, node, public_key)
         except Refused as e:
             log.warning("agent credentials refused: %s", e.reason)
             return JSONResponse({"error": e.reason}, status_code=e.status,
@@ -134,7 +140,7 @@ def router(identity: AgentIdentity) -> APIRouter:
     return api
 
 
-async def _read(request: Request) -> tuple[str, str]:
+async def _read(request: Request) -> tuple[str, str, str | None]:
     header = request.headers.get("authorization", "")
     if len(header) > MAX_TOKEN or not header.lower().startswith("bearer ") or not header[7:].strip():
         raise Refused(401, "Authorization: Bearer <projected ServiceAccount token> is required")
@@ -150,6 +156,9 @@ async def _read(request: Request) -> tuple[str, str]:
     node = doc.get("node") if isinstance(doc, dict) else None
     if not isinstance(node, str) or not node:
         raise Refused(400, 'the body must be JSON {"node": NAME}')
-    return header[7:].strip(), node
+    public_key = doc.get("public_key")
+    if public_key is not None and not isinstance(public_key, str):
+        raise Refused(400, "public_key must be a user nkey (U…)")
+    return header[7:].strip(), node, public_key
 
 

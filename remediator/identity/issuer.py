@@ -33,14 +33,15 @@ class Issued:
     """One issued credential: the JWT, its user key pair (seed: secret) and what it grants."""
 
     jwt: str
-    user: KeyPair
+    user: KeyPair | None  # None when the holder made its key and sent only the public key
+    public_key: str
     role: str
     node: str | None
     issued_at: datetime
     expires_at: datetime | None
 
     def __repr__(self) -> str:  # never the JWT or the seed
-        return f"Issued({self.role}, {self.node}, {self.user.public_key})"
+        return f"Issued({self.role}, {self.node}, {self.public_key})"
 
 
 @dataclass(frozen=True)
@@ -55,9 +56,10 @@ class Issuer:
     agents_key_scoped: bool = True
 
     def issue(self, role_name: str, *, node: str | None = None, now: datetime,
-              ttl: timedelta | None = None, name: str | None = None) -> Issued:
+              ttl: timedelta | None = None, name: str | None = None, public_key: str | None = None) -> Issued:
         """A fresh user key and its JWT for ``role_name`` (``node`` for an agent, required then and refused
-        otherwise); ``ttl`` None: no expiry."""
+        otherwise); ``ttl`` None: no expiry. ``public_key``: the JWT is for that user key (its holder keeps
+        the seed; nothing secret is made here)."""
         r = roles.role(role_name)
         if r.per_node and not node:
             raise IdentityError(f"role {role_name} needs a node (--node NAME)")
@@ -71,15 +73,18 @@ class Issuer:
         signer = self.agents_key if r.per_node else self.roles_key
         if signer is None:
             raise IdentityError(f"this issuer holds no signing key for role {role_name}")
-        user = keys.create("user")
+        if public_key is not None and keys.public_kind(public_key) != "user":
+            raise IdentityError("public_key must be a user nkey (U…)")
+        user = keys.create("user") if public_key is None else None
+        subject = public_key if public_key is not None else user.public_key if user is not None else ""
         scoped = r.per_node and self.agents_key_scoped and signer.public_key != self.account
         iat = int(now.timestamp())
         exp = int((now + ttl).timestamp()) if ttl is not None else None
         claims = jwt.user_claims(
-            user.public_key, name=name or (f"agent-{node}" if node else role_name), iat=iat, exp=exp,
+            subject, name=name or (f"agent-{node}" if node else role_name), iat=iat, exp=exp,
             issuer_account=None if signer.public_key == self.account else self.account,
             permissions=None if scoped else r.permissions(token), tags=roles.tags_of(role_name, token))
-        return Issued(jwt.encode(claims, signer), user, role_name, node, now,
+        return Issued(jwt.encode(claims, signer), user, subject, role_name, node, now,
                       now + ttl if ttl is not None else None)
 
 
@@ -96,7 +101,7 @@ def agent_key_record(issued: Issued) -> tuple[str, bytes]:
     """The KV key and value that announce ``issued``'s public key as its node's agent key:
     ``agentkey.<node>`` → ``{"public_key", "issued_at", "expires_at"}``."""
     assert issued.node is not None
-    value = {"public_key": issued.user.public_key, "issued_at": issued.issued_at.astimezone(UTC).isoformat(),
+    value = {"public_key": issued.public_key, "issued_at": issued.issued_at.astimezone(UTC).isoformat(),
              "expires_at": issued.expires_at.astimezone(UTC).isoformat() if issued.expires_at else None}
     return subjects.agent_key_key(issued.node), json.dumps(value).encode()
 

@@ -114,6 +114,7 @@ class OperatorStore:
         path = self.creds_path(role)
         if not path.exists():
             issued = self.issuer().issue(role, now=now or datetime.now(UTC))
+            assert issued.user is not None
             creds.write(path, issued.jwt, issued.user)
         return path
 

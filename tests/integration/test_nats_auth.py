@@ -266,3 +266,46 @@ async def test_an_agent_pod_trades_its_serviceaccount_token_for_its_nodes_creden
 
         cluster.delete("pods", agent_pod["metadata"]["name"], "gpu-remediator")  # the bound pod is gone
         assert (await ask(token, "gpu-node-1")).status_code == 401
+
+
+async def test_the_agent_gets_its_credentials_from_the_service_and_reports_for_its_node(
+        served: tuple[ClusterState, str, Path], tmp_path: Path) -> None:
+    """``remediator agent --identity-url --identity-token-file``, as the chart's DaemonSet runs it: its key
+    stays on the node, its JWT comes from the service, and a kernel Xid 79 it reads gets its node cordoned."""
+    from chaos.sim.gpu_node import SimGpuNode
+    from chaos.sim.tokens import tokens_of
+    from remediator.identity import client
+
+    cluster, url, data_dir = served
+    agent_pod = next(p for p in cluster.pods_on("gpu-node-1")
+                     if p["metadata"]["name"].startswith("gpu-remediator-agent-"))
+    token_file = tmp_path / "token"
+    token_file.write_text(tokens_of(cluster).issue("gpu-remediator", agent_pod["metadata"]["name"],
+                                                   audience="gpu-remediator"))
+    state = tmp_path / "agent"
+    proc = subprocess.Popen(  # noqa: ASYNC220 - started once; the loop never waits on it
+        [sys.executable, "-m", "remediator.cli", "agent", "--node", "gpu-node-1", "--sim-gpus", "2", "--state",
+         str(state), "--nats", url, "--identity-url", _http_base(data_dir), "--identity-token-file", str(token_file)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    admin_nc, admin_js = await bus.connect(url, name="test-admin", credentials=bus.Credentials(
+        creds_file=str(data_dir / "identity" / "creds" / "admin.creds")))
+    try:
+        async def announced() -> bool:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            try:
+                entry = await (await admin_js.key_value(STATE_BUCKET)).get(agent_key_key("gpu-node-1"))
+            except Exception:
+                return False
+            return entry.value is not None and json.loads(entry.value)["public_key"] == (
+                client.agent_key(state).public_key)
+
+        await _until(announced, "the agent's own key announced as gpu-node-1's")
+        assert stat.S_IMODE((state / "identity" / "nats.creds").stat().st_mode) == 0o600
+        await _until(lambda: (state / "sim" / "state.json").exists(), "the simulated node written")
+        SimGpuNode.attach(state / "sim").inject_xid(1, 79)
+        await _until(lambda: cluster.is_cordoned("gpu-node-1"), "gpu-node-1 cordoned from the agent's report")
+        assert not cluster.is_cordoned("gpu-node-2")
+    finally:
+        await admin_nc.close()
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
