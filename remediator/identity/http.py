@@ -5,7 +5,8 @@ Where it sits: mounted on the service's HTTP app (``remediator.service``) when t
 account's scoped agents signing key (embedded: the store's; production: ``nats_agent_signing_key``). No
 secret is baked per node. The checks, in order, each refusal one line and logged without the token:
 
-1. the body is ``{"node": NAME}`` or ``{"node": NAME, "public_key": "U…"}`` (bounded) and the header ``Authorization: Bearer <token>`` (bounded);
+1. the body is ``{"node": NAME}`` or ``{"node": NAME, "public_key": "U…"}`` (bounded) and the header
+   ``Authorization: Bearer <token>`` (bounded);
 2. the Kubernetes API's TokenReview (``authentication.k8s.io/v1``) authenticates the token for the
    configured audience (401 otherwise);
 3. the token belongs to a ServiceAccount of the agent's namespace and is bound to a pod
