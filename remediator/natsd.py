@@ -161,7 +161,8 @@ class EmbeddedNats:
     def _write_running(self) -> None:
         """Where this server listens, for ``remediator bus creds --data-dir`` (it announces agent keys)."""
         if self.store is not None:
-            (self.store.root / RUNNING_FILE).write_text(json.dumps({"url": self.url, "pid": self.proc.pid if self.proc else 0}))
+            pid = self.proc.pid if self.proc else 0
+            (self.store.root / RUNNING_FILE).write_text(json.dumps({"url": self.url, "pid": pid}))
 
     def stop(self) -> None:
         if self.store is not None:
