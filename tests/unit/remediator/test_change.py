@@ -23,8 +23,10 @@ def test_an_agent_reply_carries_a_change_on_the_wire_keys_agents_send_today() ->
     change = Change(True, {"isolated": False}, {"isolated": True}, "GPU 2 isolated")
     reply = AgentReply.of("cmd-1", True, change)
     wire = json.loads(reply.model_dump_json())
+    # the change's keys, plus the envelope the agent fills in and signs as it sends (node, nonce, signer, sig)
     assert wire == {"version": 1, "id": "cmd-1", "ok": True, "changed": True, "detail": "GPU 2 isolated",
-                    "before": {"isolated": False}, "after": {"isolated": True}}
+                    "before": {"isolated": False}, "after": {"isolated": True},
+                    "node": None, "nonce": None, "signer": None, "sig": None}
     assert AgentReply.model_validate_json(reply.model_dump_json()).change == change
 
 
