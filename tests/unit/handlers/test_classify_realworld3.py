@@ -23,7 +23,7 @@ import pytest
 
 from handlers.signatures import LineScanner, classify_line
 from remediator.cli.classify import classify_text
-from tests.unit.handlers.test_classify_realworld import NONE, Expect, K, _check, _row
+from tests.unit.handlers.test_classify_realworld import NONE, Expect, K, X, _check, _row
 
 GH = "https://github.com/"
 
@@ -143,6 +143,56 @@ CASES: list[tuple[str, Expect, str]] = [
      NONE, GH + "aws/aws-ofi-nccl/issues/161"),
     ("2024-Sep-23 00:09:01.0809 1:26 [1] include/socket.h:270 CCOM WARN Skipping IPv6 loopback adddress",
      NONE, "Neuron CCOM WARN that skips an address (find_string id 41670846932)"),
+    ("node23:12098:12141 [2] transport/nvls.cc:244 NCCL WARN Cuda failure 1 'invalid argument'", K("nccl_error"),
+     GH + "NVIDIA/nccl/issues/1488 (NVLS after a Fabric Manager restart)"),
+    # --- breadth: vLLM, TensorRT/Triton, monitoring agents, Fabric Manager, nvidia-smi -q ----------------------
+    ("(Worker_PP0 pid=23220) ERROR 07-15 21:01:01 [multiproc_executor.py:1007] torch.AcceleratorError: CUDA error: an illegal memory access was encountered",
+     K("cuda_error"), GH + "SystemPanic/vllm-windows/issues/72 (vLLM worker)"),
+    ("(Worker_PP0 pid=23220) ERROR 07-15 21:01:01 [multiproc_executor.py:1007] Search for `cudaErrorIllegalAddress' in https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more information.",
+     NONE, GH + "SystemPanic/vllm-windows/issues/72 (PyTorch's hint line)"),
+    ("(Worker_PP0 pid=23220) ERROR 07-15 21:01:01 [multiproc_executor.py:1007] Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.",
+     NONE, GH + "SystemPanic/vllm-windows/issues/72"),
+    ("ERROR 05-12 19:01:18 [serving_chat.py:885] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.",
+     NONE, GH + "vllm-project/vllm/issues/18045 (the consequence; the cause is above it)"),
+    ("INFO 02-25 11:11:31 metrics.py:455] Avg prompt throughput: 2082.8 tokens/s, Avg generation throughput: 194.4 tokens/s, Running: 3 reqs, Swapped: 0 reqs, Pending: 0 reqs, GPU KV cache usage: 4.8%, CPU KV cache usage: 0.0%.",
+     NONE, GH + "vllm-project/vllm/issues/13939 (metrics)"),
+    ("ERROR 07-21 13:02:07 [core.py:588] EngineCore encountered a fatal error.", NONE,
+     GH + "vllm-project/vllm/issues/21466"),
+    ("ERROR: ../rtSafe/safeRuntime.cpp (25) - Cuda Error in allocate: 2 (out of memory)", K("cuda_oom"),
+     GH + "NVIDIA/TensorRT/issues/840"),
+    ("[08/03/2022-23:18:05] [E] [TRT] ../rtSafe/safeRuntime.cpp (25) - Cuda Error in allocate: 2 (out of memory)",
+     K("cuda_oom"), GH + "linghu8812/tensorrt_inference/issues/117"),
+    ("WARNING: Get cuda error during timeReformat.", NONE, GH + "NVIDIA/TensorRT/issues/840 (tactic timing warning)"),
+    ("Model 'tensorrt_llm' loading failed with error: version 1 is at UNAVAILABLE state: Internal: unexpected error when creating modelInstanceState: [TensorRT-LLM][ERROR] CUDA runtime error in ::cudaMallocAsync(ptr, n, mCudaStream->get()): out of memory (/app/tensorrt_llm/cpp/tensorrt_llm/runtime/tllmBuffers.h:112)",
+     K("cuda_oom"), GH + "triton-inference-server/tensorrtllm_backend/issues/281"),
+    ("  what():  [FT][ERROR] CUDA runtime error: out of memory /workspace/build/fastertransformer_backend/build/_deps/repo-ft-src/src/fastertransformer/utils/allocator.h:220",
+     K("cuda_oom"), GH + "triton-inference-server/fastertransformer_backend/issues/157"),
+    ("Failed to allocate CUDA memory with byte size 78643200 on GPU 0: CNMEM_STATUS_OUT_OF_MEMORY, falling back to pinned system memory",
+     NONE, GH + "triton-inference-server/server/issues/1765 (title; Triton recovered by falling back)"),
+    ("[1231741.378609] NVRM: Xid (PCI:0009:01:00): 43, pid=3188489, name=trigger_xid, channel 0x0b00000a",
+     X(43, "0009:01:00"), GH + "kubernetes-sigs/dra-driver-nvidia-gpu/issues/904"),
+    ("kwi 15 07:56:59 testowy kernel: NVRM: Xid (PCI:0000:07:00): 38, pid=326, name=modprobe, channel 0x00000003 0000c597 00000000 00000000",
+     X(38, "0000:07:00"), GH + "NVIDIA/open-gpu-kernel-modules/issues/1045 (Polish syslog month)"),
+    ("kwi 15 07:56:59 testowy kernel: NVRM: GPU at PCI:0000:07:00: GPU-fb51809b-350a-99db-67b5-e16fc6d498ab",
+     NONE, GH + "NVIDIA/open-gpu-kernel-modules/issues/1045 (identity line)"),
+    ("XID 79(GPU has fallen off the bus) detected on PCI:0000:ae:00", X(79, "0000:ae:00"),
+     GH + "leptonai/gpud/issues/604 (gpud's rendering)"),
+    ("failed to get remapped rows for GPU-ac896b35-5782-c478-4b2a-a661de07770f: failed to get device remapped rows: ERROR_GPU_IS_LOST",
+     K("gpu_lost"), GH + "leptonai/gpud/issues/604"),
+    ("      message: 'GPU XID 79 - GPU has fallen off the bus',", X(79, None),
+     GH + "NVIDIA/NVSentinel/pull/966 (HealthEvent document)"),
+    ("Sep 18 03:19:01 ubuntu2404 nvidia-fabricmanager-start.sh[4756]: request to query NVSwitch device information from NVSwitch driver failed with error:WARNING Nothing to do [NV_WARN_NOTHING_TO_DO]",
+     NONE, GH + "data-infra/cube-studio/issues/29 (Fabric Manager on a host without NVSwitch: setup)"),
+    ("11月 15 14:15:47 leon-NF5468M6 nv-fabricmanager[4177]: request to query NVSwitch device information from NVSwitch driver failed with error:WARNING Nothing to do [NV_WARN_NOTHING_TO_DO]",
+     NONE, GH + "NVIDIA/gpu-operator/issues/610"),
+    ("10.10.10.10: 2025/11/25 13:58:49 nvidia-fabricmanager-wrapper: waiting for socket creation at /var/run/nvidia-fabricmanager/fm_sm_ipc.socket",
+     NONE, GH + "siderolabs/extensions/issues/893"),
+    ("        State                                          : In Progress", NONE,
+     GH + "NVIDIA/gpu-operator/issues/2511 (nvidia-smi -q Fabric block)"),
+    ("        Reset Required                    : N/A", NONE, GH + "NVIDIA/nvidia-docker/issues/1753 (nvidia-smi -q)"),
+    ("        Drain and Reset Recommended       : N/A", NONE, GH + "NVIDIA/nvidia-docker/issues/1753 (nvidia-smi -q)"),
+    ("\t\t\t<pending_blacklist>N/A</pending_blacklist>", NONE, GH + "influxdata/telegraf/issues/12996 (nvidia-smi -q -x)"),
+    ("The current drain state of GPU 00000000:3F:00.0 is: not draining.", NONE, GH + "NVIDIA/dcgm-exporter/issues/213"),
 ]
 
 # (verbatim excerpt, [(1-based line, kind)], source)
