@@ -17,7 +17,7 @@ from chaos.sim import KubeApiServer, seed_cluster
 from remediator import bus, subjects
 from remediator.natsd import EmbeddedNats, free_port
 
-from .nats_cluster import ServeProcess, bus_init, start_serve
+from .nats_cluster import ServeProcess, bus_init, post_alert, start_serve, xid_alert
 
 
 def _until(replica: ServeProcess, status: int, timeout: float = 30) -> tuple[float, dict[str, object]]:
@@ -74,6 +74,13 @@ def test_readyz_names_the_kubernetes_api_a_deleted_consumer_and_the_bus(nats_ser
         print(f"dispatch consumer deleted: /readyz 503 after {took:.1f}s: {detail}")
         assert bus_init(nats_server.url).returncode == 0
         _until(replica, 200)
+        # and the re-created consumer is consumed again: an Xid 79 is acted on
+        assert post_alert(replica, xid_alert("gpu-node-1", 0, 79, "fp-after-recreate")) == 200
+        t0 = time.monotonic()
+        while not cluster.is_cordoned("gpu-node-1"):
+            assert time.monotonic() - t0 < 60, replica.log()[-3000:]
+            time.sleep(0.2)
+        print(f"after bus init re-created it, an Xid 79 cordoned its node in {time.monotonic() - t0:.1f}s")
 
         nats_server.stop()  # the bus goes away
         took, body = _until(replica, 503)
