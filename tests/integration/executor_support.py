@@ -112,10 +112,10 @@ class SimAgents:
             reply = AgentReply(id=cmd.id, ok=False, detail=f"refused: {refused[1]}", after={"refused": refused[0]})
         else:
             self.calls.append(cmd)
-            reply = self.seen.get(cmd.id)
-            if reply is None:
-                reply = await asyncio.to_thread(self._answer, node, cmd)
-                self.seen[cmd.id] = reply
+            seen = self.seen.get(cmd.id)
+            if seen is None:
+                seen = self.seen[cmd.id] = await asyncio.to_thread(self._answer, node, cmd)
+            reply = seen
         body = json.loads(reply.model_copy(update={"node": node, "nonce": cmd.nonce}).model_dump_json())
         await msg.respond(json.dumps(self.keys[node].sign_document(body)).encode())
 

@@ -11,7 +11,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +49,20 @@ async def ingest(url: str, **settings: Any) -> AsyncIterator[tuple[Any, httpx.As
     await nc.close()
 
 
+class _QuietServer(uvicorn.Server):
+    """uvicorn inside the test's loop: signals stay the test runner's."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 @contextlib.asynccontextmanager
 async def served(app: Any, header_s: float) -> AsyncIterator[int]:
     """``app`` under uvicorn with the service's connection limits."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
-                                           lifespan="off", **uvicorn_limits(header_s, 5.0)))
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    server = _QuietServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
+                                         lifespan="off", **uvicorn_limits(header_s, 5.0)))
     task = asyncio.create_task(server.serve())
     while not server.started:
         assert not task.done(), "uvicorn did not start"
