@@ -78,6 +78,7 @@ _NCCL_PREFIX_RE = re.compile(
     r"(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+)\s+\[(?P<dev>\d+)\]\s+(?:(?P<src>[\w./]+:\d+)\s+)?NCCL\s+WARN",
     re.IGNORECASE,
 )
+_DEV_PREFIX_RE = re.compile(r"(?:^|[\s`])\[(?P<dev>\d+)\]\s+(?P<src>[\w./]+:\d+)\s+NCCL\s+WARN", re.IGNORECASE)
 _IB_RE = re.compile(
     r"got\s+completion\s+from\s+peer\s+(?P<peer>[^\s,]+)\s+with\s+(?:status\s*=\s*|error\s+)(?P<status>\d+)"
     r"(?:[,\s]+opcode\s*=?\s*(?P<opcode>\d+))?(?:[,\s]+len\s*=?\s*(?P<len>\d+))?"
@@ -248,10 +249,16 @@ def _nccl_error(text: str, low: str) -> Signal | None:
         if "net/plugin" in low and ("no plugin" in low or "could not find" in low or "load returned" in low
                                     or "failed to find" in low or "cannot open shared object" in low):
             return None  # plugin discovery at start-up, not a fault
+        if "failed to open libibverbs" in low:
+            return None  # no verbs library: NCCL uses sockets (later releases print this as INFO)
         p = _NCCL_PREFIX_RE.search(text)
         if p is not None:
             detail.update(host=p.group("host"), pid=int(p.group("pid")), tid=int(p.group("tid")),
                           cuda_dev=int(p.group("dev")), src=p.group("src"))
+        else:  # NCCL_DEBUG output with only the device prefix: "[3] enqueue.cc:215 NCCL WARN ..."
+            d = _DEV_PREFIX_RE.search(text)
+            if d is not None:
+                detail.update(cuda_dev=int(d.group("dev")), src=d.group("src"))
     ib = _IB_RE.search(text)
     if ib is not None:
         status = int(ib.group("status"))
