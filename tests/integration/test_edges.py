@@ -43,6 +43,7 @@ def _one_line(done: subprocess.CompletedProcess[str]) -> str:
     pytest.param(("breaker", "status", "--nats", DOWN), id="breaker-status"),
     pytest.param(("approve", "inc-1", "--nats", DOWN), id="approve"),
     pytest.param(("audit", "list", "--nats", DOWN), id="audit-list"),
+    pytest.param(("budget", "list", "--nats", DOWN), id="budget-list"),
     pytest.param(("serve", "--nats", DOWN, "--kubeconfig", "/dev/null"), id="serve"),
 ])
 def test_a_command_fails_in_one_line_within_its_bound_when_nats_is_down(args: tuple[str, ...]) -> None:
