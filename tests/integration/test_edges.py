@@ -137,3 +137,16 @@ def test_a_second_signal_exits_at_once(tmp_path: Path) -> None:
 def test_the_agent_refuses_to_start_blind(args: tuple[str, ...], says: str, tmp_path: Path) -> None:
     done, _ = _run("agent", "--node", "gpu-node-0", "--nats", DOWN, "--state", str(tmp_path), *args)
     assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_sigterm_stops_the_agent_with_nats_down(tmp_path: Path) -> None:
+    proc = subprocess.Popen([*CLI, "agent", "--node", "gpu-node-0", "--nats", DOWN, "--sim-gpus", "2",
+                             "--state", str(tmp_path / "agent")], env=cli_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(3)
+    assert proc.poll() is None
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=30)
+    print(f"\nagent stopped {time.monotonic() - t0:.1f}s after SIGTERM with NATS down (exit {proc.returncode})")
+    assert proc.returncode == 0, err[-3000:]
