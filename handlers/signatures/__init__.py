@@ -7,10 +7,14 @@ find. Nothing here keeps state: grouping bursts, suppressing an Xid 43 after an 
 and deciding on a playbook are the stateful handlers' job.
 
 Families: ``kernel`` (NVRM Xid, NVSwitch SXid, fallen off the bus, GPU identity lines, Xid 154 recovery
-actions, Xid 45 "caused by previous Xid", NVLink5 Xid 144-150 decoded by ``nvlink5``), ``nccl`` (PyTorch
-ProcessGroupNCCL watchdog, heartbeat monitor and desync reports, NCCL WARN lines, NCCL errors in Python
-exceptions, torch elastic child failures), ``cuda`` (CUDA errors and out-of-memory), ``dcgm`` (dcgm-exporter
-series lines and alert labels).
+actions, Xid 45 "caused by previous Xid", NVLink5 Xid 144-150 decoded by ``nvlink5``, nvidia-smi's "Unable to
+determine the device handle ...: Unknown Error"), ``nccl`` (PyTorch ProcessGroupNCCL watchdog, heartbeat
+monitor and desync reports, NCCL WARN lines with or without the tag, NET/IB and NET/OFI failures, XLA/JAX "NCCL
+operation ... failed", NCCL errors in Python exceptions, torch elastic child failures), ``cuda`` (CUDA errors,
+cuBLAS/cuDNN status codes, device-side assertion lines, out-of-memory as PyTorch, JAX/XLA and TensorFlow print
+it), ``dcgm`` (dcgm-exporter series lines, alert labels, host-engine health watches, ``dcgmi diag`` rows).
+A record split over lines is joined by ``framing``; operator rules (``handlers.rules``) add signatures.
+A component reporting that it skipped or ignored an event is never a signal.
 """
 
 from __future__ import annotations
