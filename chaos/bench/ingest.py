@@ -489,7 +489,7 @@ async def run(url: str | None = None, concurrency: int = 32, progress: Progress 
     if nats_url is None:
         embedded = EmbeddedNats(secure=True)  # with auth, as serve runs it: each part connects as its role
         await asyncio.to_thread(embedded.start)
-        _CHILD_CREDS.update(load=embedded.creds("admin"), floor=embedded.creds("admin"),
+        _CHILD_CREDS.update(load=embedded.creds("bench"), floor=embedded.creds("bench"),
                             ingest=embedded.creds("service"))
         nats_url = embedded.url
         say(f"bench ingest: embedded nats-server on {nats_url} (store {embedded.data_dir})")

@@ -19,6 +19,7 @@ operator      read/write KV state (ledger, approvals); append to AUDIT (and its 
 auditor       read AUDIT and AUDITCP (stream info, direct get, ephemeral consumers); nothing else
 agent         publish ``faults.agent.<its node>``; receive ``agent.<its node>.cmd`` and answer each
               request once (``allow_responses``); nothing else: no KV, no audit, no other node
+bench         ``remediator bench``'s own ``bench.>`` subjects (its floor and raw-publish phases)
 admin         the whole JetStream API and KV (``remediator bus init``: declare streams, consumers and
               buckets; ``bus creds --data-dir``: announce an agent's key); no FAULTS, AUDIT or agent subject
 ============  ==================================================================================
@@ -126,6 +127,8 @@ ROLES: dict[str, Role] = {r.name: r for r in (
     Role("auditor", "audit review, read-only", _AUDITOR),
     Role("agent", "one node's agent", (S.faults_subject("agent", NODE_TEMPLATE),),
          (S.agent_cmd_subject(NODE_TEMPLATE),), responses=True, per_node=True),
+    Role("bench", "remediator bench: its own bench.> subjects and BENCH stream, nothing of the service's",
+         ("bench.>", "$JS.API.STREAM.INFO.BENCH", *_ACCOUNT_INFO)),
     Role("admin", "bus provisioning (remediator bus init) and announcing agent keys",
          ("$JS.API.>", "$JS.ACK.>", "$JS.FC.>", "$KV.>")),
 )}
