@@ -33,6 +33,7 @@ from chaos.schema import (
     Drill,
     FaultExpect,
     FaultSpec,
+    HostileClientSpec,
     KillServiceSpec,
     KubeApiErrorsSpec,
     KubeLatencySpec,
@@ -212,6 +213,10 @@ async def _act(run: DrillRun, action: ActionSpec, label: str) -> None:
         done(actions.manual_uncordon(world, action.node, remove_taint=action.remove_taint))
     elif isinstance(action, OptOutSpec):
         done(actions.opt_out(world, action.node))
+    elif isinstance(action, HostileClientSpec):
+        from chaos import hostile
+
+        done(await hostile.attack(world, action.node, action.other))
     else:
         assert isinstance(action, BlockPdbSpec)
         done(actions.block_pdb(world, action.namespace, action.name, action.blocked))

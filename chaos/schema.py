@@ -284,9 +284,19 @@ class BlockPdbSpec(_Spec):
     blocked: bool = True
 
 
+class HostileClientSpec(_Spec):
+    """A hostile client attacks ``node``'s agent (unsigned, foreign-key, expired, replayed, tampered commands
+    and one captured for ``other``) and the ingest (another producer's source or ids, no token, wrong
+    Content-Type); every attempt must be refused (``chaos.hostile``)."""
+
+    type: Literal["hostile_client"]
+    node: str
+    other: str
+
+
 ActionSpec = Annotated[NatsRestartSpec | KubeApiErrorsSpec | KubeLatencySpec | KillServiceSpec
                        | ReplicaLossSpec | NatsServerKillSpec | AgentDisconnectSpec | ManualUncordonSpec
-                       | OptOutSpec | BlockPdbSpec,
+                       | OptOutSpec | BlockPdbSpec | HostileClientSpec,
                        Field(discriminator="type")]
 
 

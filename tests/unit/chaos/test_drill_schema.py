@@ -17,7 +17,7 @@ from chaos.schema import ActionSpec, FaultSpec
 SHIPPED = {
     "alertmanager-replays", "kube-api-flaky", "manual-uncordon-cancels", "nats-outage-during-burst",
     "opt-out-node", "per-gpu-isolation", "service-crash-mid-drain", "xid79-storm-breaker",
-    "replica-loss", "nats-server-loss",
+    "replica-loss", "nats-server-loss", "hostile-client",
 }
 
 BASE: dict[str, Any] = {
