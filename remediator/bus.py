@@ -229,7 +229,7 @@ async def connect_within(url: str, timeout_s: float, name: str = "remediator", *
     except (TimeoutError, nats.errors.NoServersError, OSError) as e:
         why = last[0] if last else e
         because = f"{type(why).__name__}: {why}" if str(why) else type(why).__name__
-        raise SetupError(f"cannot reach NATS at {url} within {timeout_s:g}s ({because}); "
+        raise SetupError(f"cannot reach NATS at {redact_url(url)} within {timeout_s:g}s ({because}); "
                          "check --nats URL / REMEDIATOR_NATS_URL and that the servers are up") from e
 
 

@@ -140,7 +140,7 @@ async def _with_js(url: str, fn: Callable[[JetStreamContext], Awaitable[T]]) -> 
         nc, js = await bus.connect(url, name="remediator-audit", max_reconnect_attempts=2, error_cb=_quiet,
                                    credentials=_credentials(url))
     except (NoServersError, OSError, TimeoutError, NatsError) as e:
-        raise click.ClickException(f"cannot reach NATS at {url}: {type(e).__name__} {e}".rstrip()
+        raise click.ClickException(f"cannot reach NATS at {bus.redact_url(url)}: {type(e).__name__} {e}".rstrip()
                                        + "; check --nats URL / REMEDIATOR_NATS_URL") from None
     try:
         return await fn(js)
@@ -325,7 +325,7 @@ def serve(nats_url: str | None, data_dir: str | None, http: str, insecure_no_aut
             nc, js = await bus.connect(url, name="remediator-audit-serve", max_reconnect_attempts=-1,
                                        error_cb=_quiet, credentials=_credentials(url))
         except (NoServersError, OSError, TimeoutError, NatsError) as e:
-            raise click.ClickException(f"cannot reach NATS at {url}: {type(e).__name__} {e}".rstrip()
+            raise click.ClickException(f"cannot reach NATS at {bus.redact_url(url)}: {type(e).__name__} {e}".rstrip()
                                        + "; check --nats URL / REMEDIATOR_NATS_URL") from None
         try:
             reader = AuditReader(js)

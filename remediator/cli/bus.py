@@ -49,7 +49,8 @@ def init(nats_url: str | None, replicas: int | None, allow_lower_replicas: bool,
         raise click.UsageError("no NATS server: pass --nats URL or set REMEDIATOR_NATS_URL")
     want = replicas or settings.bus_replicas
     changes = bounded(_init(url, settings, want, allow_lower_replicas, reset_consumers),
-                      settings.startup_timeout_s + 30, f"provisioning {url}")  # connecting: startup_timeout_s
+                      settings.startup_timeout_s + 30,  # connecting: startup_timeout_s
+                      f"provisioning {bus_redact(url)}")
     if as_json:
         click.echo(json.dumps(changes))
         return
