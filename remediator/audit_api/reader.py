@@ -29,7 +29,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from remediator.audit import ChainReport, verify_chains
+from remediator.audit import ChainReport, parse_entry, verify_chains
 from remediator.contracts import AuditRecord
 from remediator.kv import json_documents
 from remediator.safety.ledger import Ledger, LedgerStore
@@ -258,6 +258,7 @@ class AuditReader:
         self._refreshed_at = float("-inf")
         self._summaries: dict[str, IncidentSummary] | None = None
         self._chains: list[ChainReport] | None = None  # verified once per change of the cache
+        self._unreadable: tuple[float, str] | None = None  # when and why the ledger last could not be read
 
     async def refresh(self, *, force: bool = False) -> None:
         """Read what was appended to AUDIT since the last refresh (at most every ``refresh_s``)."""
@@ -282,7 +283,9 @@ class AuditReader:
                         except TimeoutError:
                             break
                         for m in msgs:
-                            idx.records.append(AuditRecord.model_validate_json(m.data))
+                            entry = parse_entry(m.subject, m.metadata.sequence.stream, m.data)
+                            if isinstance(entry, AuditRecord):  # garbage is verify's to report, not ours
+                                idx.records.append(entry)
                             idx.last_seq = m.metadata.sequence.stream
                 finally:
                     await psub.unsubscribe()
@@ -327,12 +330,17 @@ class AuditReader:
     async def ledger(self) -> Ledger:
         """The safety ledger (breaker and budget reservations) as every replica sees it (empty when the
         state bucket does not exist yet); ``StateUnreadable`` when this identity may not read it."""
+        if self._unreadable and time.monotonic() - self._unreadable[0] < 60.0:  # do not wait on each request
+            raise StateUnreadable(self._unreadable[1])
         try:
             return await LedgerStore(await self.js.key_value(STATE_BUCKET)).read()
         except NotFoundError:
             return Ledger()
         except (NatsError, TimeoutError) as e:
-            raise StateUnreadable(f"the safety ledger could not be read: {type(e).__name__} {e}".rstrip()) from e
+            why = (f"the state bucket {STATE_BUCKET} (safety ledger) could not be read: {type(e).__name__} "
+                   f"{e}").rstrip()
+            self._unreadable = (time.monotonic(), why)
+            raise StateUnreadable(why) from e
 
     async def approval(self, incident: str) -> dict[str, Any] | None:
         """The approval stored for ``incident`` (``approval.<incident>``), or None (also when this identity

@@ -25,8 +25,9 @@ route                                     answers
                                           "command"}]}``
 ``/v1/audit/fleet``                       ``{"breaker", "reservations", "handovers", "pools", "budget",
                                           "open_incidents", "pending_approvals", "chains_ok",
-                                          "ledger_error"}`` (from KV; ``ledger_error`` when this
-                                          identity may not read the ledger)
+                                          "ledger_error"}`` (from KV; ``breaker`` null and
+                                          ``ledger_error`` set when this identity may not
+                                          read the ledger)
 ``/v1/audit/export``                      JSON Lines, filters ``node incident since until``
 ========================================  =====================================================================
 """
@@ -154,9 +155,10 @@ async def fleet_state(reader: AuditReader, settings: Settings) -> dict[str, Any]
                       if s.outcome in (OPEN, PENDING_APPROVAL)]
     b = ledger.breaker
     return {
-        "breaker": {"open": b.open, "tripped_at": b.tripped_at.isoformat() if b.tripped_at else None,
-                    "reason": b.reason, "recent_quarantines": len(b.quarantines),
-                    "threshold": settings.breaker_threshold, "window_s": settings.breaker_window_s},
+        "breaker": None if ledger_error else {
+            "open": b.open, "tripped_at": b.tripped_at.isoformat() if b.tripped_at else None, "reason": b.reason,
+            "recent_quarantines": len(b.quarantines), "threshold": settings.breaker_threshold,
+            "window_s": settings.breaker_window_s},
         "reservations": [{"key": k, **dict(v)} for k, v in sorted(ledger.reservations.items())],
         "handovers": [{"key": k, **dict(v)} for k, v in sorted(ledger.handovers.items())],
         "pools": pools,

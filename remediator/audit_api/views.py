@@ -283,14 +283,17 @@ The token is kept in this browser only (a cookie for this site) and never put in
         await reader.refresh()
         f = await fleet_state(reader, settings)
         b = f["breaker"]
-        unreadable = (f'<p class="error" role="alert">{_e(f["ledger_error"])}: breaker and budget are not shown '
-                      "(this process's NATS identity may not read the state bucket).</p>") if f["ledger_error"] else ""
-        breaker = unreadable + (f'<p class="{"error" if b["open"] else "okline"}" id="breaker">Circuit breaker '
-                   f'<strong>{"OPEN" if b["open"] else "closed"}</strong>'
-                   + (f" since {_e(b['tripped_at'])}: {_e(b['reason'])}" if b["open"] else "")
-                   + f" — {b['recent_quarantines']} recent quarantine(s) in the shared ledger; trips at "
-                     f"{b['threshold']} within {b['window_s']:g}s (the thresholds this process is configured "
-                     "with).</p>")
+        if b is None:
+            breaker = (f'<p class="error" role="alert" id="breaker">Circuit breaker and budget: unknown. '
+                       f'{_e(f["ledger_error"])} (this process\'s NATS identity may not read the state bucket; '
+                       "the service's own view, or `remediator breaker status`, shows them).</p>")
+        else:
+            breaker = (f'<p class="{"error" if b["open"] else "okline"}" id="breaker">Circuit breaker '
+                       f'<strong>{"OPEN" if b["open"] else "closed"}</strong>'
+                       + (f" since {_e(b['tripped_at'])}: {_e(b['reason'])}" if b["open"] else "")
+                       + f" — {b['recent_quarantines']} recent quarantine(s) in the shared ledger; trips at "
+                         f"{b['threshold']} within {b['window_s']:g}s (the thresholds this process is configured "
+                         "with).</p>")
         budget = f["budget"]
         pool_rows = "".join(
             f"<tr><th scope=\"row\">{_e(p)}</th><td>{v['nodes']} / {budget['max_nodes']} "
@@ -311,6 +314,7 @@ The token is kept in this browser only (a cookie for this site) and never put in
                                      "updated": datetime.fromisoformat(o["updated"]),
                                      "pending_approval": tuple(o["pending_approval"])})
                   for o in f["open_incidents"]]
+        pools = pools if b is not None else ""
         body = (f"{breaker}<h2>Pending approvals</h2>{pending}<h2>Budget</h2>{pools}"
                 f"<h2>Open incidents ({len(opened)})</h2>"
                 + (_summary_rows(opened) if opened else "<p>No open incident: every run has finished.</p>"))

@@ -50,9 +50,11 @@ class DemoStore:
 
 def run_demo(store: Path) -> DemoStore:
     proc = cli("demo", "--json", "--data-dir", str(store), timeout=170)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    # the review needs the demo's store and its Xid 79 incident; the demo's own test judges every fault
+    assert proc.returncode in (0, 1) and proc.stdout.strip(), proc.stderr[-4000:]
     report = json.loads(proc.stdout)
-    xid79 = next(f for f in report["faults"] if f["kind"] == "xid" and f["code"] == 79)
+    xid79 = next((f for f in report["faults"] if f["kind"] == "xid" and f["code"] == 79), None)
+    assert xid79 is not None and xid79["passed"], proc.stderr[-4000:]
     listed = cli("audit", "list", "--data-dir", str(store), "--json", timeout=60)
     assert listed.returncode == 0, listed.stderr
     records = json.loads(listed.stdout)

@@ -18,7 +18,9 @@ from remediator.audit_api.routes import create_audit_app
 from remediator.bus import TemporaryError
 from remediator.cli.operator import approve
 from remediator.natsd import EmbeddedNats
+from remediator.safety.ledger import LedgerStore
 from remediator.settings import Settings
+from remediator.subjects import STATE_BUCKET
 
 from .executor_support import decision, rig
 from .test_executor_operator import with_approval
@@ -48,6 +50,14 @@ async def test_a_pending_approval_is_listed_and_approve_refuses_what_it_cannot_a
             assert pending[0]["command"].startswith(f"remediator approve {d.incident_id}")
             fleet = (await http.get("/v1/audit/fleet")).json()
             assert fleet["pending_approvals"] == pending
+            # breaker and budget are the safety ledger as stored on the bus, not this process's memory
+            ledger = await LedgerStore(await r.js.key_value(STATE_BUCKET)).read()
+            assert fleet["ledger_error"] is None and fleet["breaker"]["open"] == ledger.breaker.open
+            assert fleet["breaker"]["recent_quarantines"] == len(ledger.breaker.quarantines) >= 1
+            assert {x["key"] for x in fleet["reservations"]} == set(ledger.reservations) != set()
+            assert {p: v["nodes"] + v["gpus"] for p, v in fleet["pools"].items()} == {
+                pool: sum(1 for x in ledger.reservations.values() if x["pool"] == pool)
+                for pool in {x["pool"] for x in ledger.reservations.values()}}
             page = (await http.get("/audit/fleet")).text
             assert d.incident_id in page and f"remediator approve {d.incident_id}" in page
 
