@@ -124,7 +124,8 @@ def account_claims(account: str, *, name: str, iat: int, jetstream: bool,
                        "consumer": UNLIMITED, "max_ack_pending": UNLIMITED,
                        "mem_max_stream_bytes": 0, "disk_max_stream_bytes": 0, "max_bytes_required": False})
     body: dict[str, Any] = {"type": "account", "version": 2, "limits": limits,
-                            "default_permissions": {"pub": {}, "sub": {}}}
+                            # a user JWT without permissions of its own (a plain key signed it with none): nothing
+                            "default_permissions": {"pub": {"deny": [">"]}, "sub": {"deny": [">"]}}}
     if signing_keys:
         body["signing_keys"] = signing_keys
     if revocations:
