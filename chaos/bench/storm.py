@@ -59,6 +59,24 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[k]
 
 
+def _fleet_of_agents(server: Any, root: Path) -> Any:
+    """One connection that speaks for every node's agent (``faults.agent.*``): the storm's stand-in for a
+    fleet of agents, a bench-only identity signed by the embedded operator's roles key (no role of
+    ``remediator.identity.roles`` may do this; each real agent names its own node only)."""
+    from datetime import UTC, datetime
+
+    from remediator import bus
+    from remediator.identity import creds, jwt, keys
+
+    store = server.store
+    user = keys.create("user")
+    claims = jwt.user_claims(user.public_key, name="storm-agent-fleet", iat=int(datetime.now(UTC).timestamp()),
+                             exp=None, issuer_account=store.account.public_key, tags=[],
+                             permissions={"pub": {"allow": ["faults.agent.*"]}, "sub": {"allow": ["_INBOX.>"]}})
+    path = creds.write(root / "storm-fleet.creds", jwt.encode(claims, store.roles_key), user)
+    return bus.Credentials(creds_file=str(path))
+
+
 def _event(node: str, now_iso: Any) -> FaultEvent:
     return FaultEvent(id=f"storm|{node}|79", source="agent", node=node,
                       gpu=GpuRef(index=0, pci_bus_id="0000:3b:00.0"), kind="xid", code=79, is_fatal=True,
@@ -97,7 +115,7 @@ async def _one_run(nodes: int, failing: int, *, breaker: bool, progress: Progres
             return change
 
     ctx = mp.get_context("spawn")
-    with tempfile.TemporaryDirectory(prefix="remediator-storm-") as tmp, EmbeddedNats() as server:
+    with tempfile.TemporaryDirectory(prefix="remediator-storm-") as tmp, EmbeddedNats(secure=True) as server:
         kubeconfig = str(Path(tmp) / "kubeconfig")
         ready, stop_sim = ctx.Event(), ctx.Event()
         child = ctx.Process(target=_serve_sim, args=(nodes, kubeconfig, ready, stop_sim), daemon=True)
@@ -110,10 +128,16 @@ async def _one_run(nodes: int, failing: int, *, breaker: bool, progress: Progres
             if not breaker:
                 overrides.update(guards_enabled="opt_out,dry_run,lock", kube_qps=5000.0, kube_burst=5000)
             settings = Settings(**overrides)
-            nc_d, js_d = await bus.connect(server.url, name="storm-dispatch")
-            nc_x, js_x = await bus.connect(server.url, name="storm-executor")
-            nc_p, js_p = await bus.connect(server.url, name="storm-publisher")
-            await bus.provision(js_d, settings)
+            def who(role: str) -> bus.Credentials:  # each part as its own role, the bus declared by admin
+                return bus.Credentials(creds_file=server.creds(role))
+
+            nc_a, js_a = await bus.connect(server.url, name="storm-provision", credentials=who("admin"))
+            await bus.provision(js_a, settings)
+            await nc_a.close()
+            nc_d, js_d = await bus.connect(server.url, name="storm-dispatch", credentials=who("dispatcher"))
+            nc_x, js_x = await bus.connect(server.url, name="storm-executor", credentials=who("executor"))
+            nc_p, js_p = await bus.connect(server.url, name="storm-publisher",
+                                           credentials=_fleet_of_agents(server, Path(tmp)))
             kube = AsyncKube(TimedKube.from_settings(settings, poll_interval_s=0.2),
                              max_workers=settings.executor_concurrency + 4)
             dispatcher = await Dispatcher.create(nc_d, js_d, settings, AuditLog(js_d, "storm-dispatch"),
