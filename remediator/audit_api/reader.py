@@ -29,10 +29,11 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from remediator.audit import ChainReport, parse_entry, verify_chains
+from remediator.audit import ChainReport, parse_entry, verify_trail
 from remediator.contracts import AuditRecord
 from remediator.kv import json_documents
 from remediator.safety.ledger import Ledger, LedgerStore
+from remediator.signing import TrustSet
 from remediator.subjects import AUDIT_STREAM, AUDIT_WILDCARD, CLUSTER_TOKEN, STATE_BUCKET, approval_key
 
 __all__ = [
@@ -232,9 +233,11 @@ def page_incidents(summaries: Iterable[IncidentSummary], flt: IncidentFilter, li
     return Page(items, len(ordered), encode_cursor(items[-1]) if more and items else None)
 
 
-def chain_status(records: Iterable[AuditRecord]) -> list[ChainReport]:
-    """Verification of every chain: the one place the audit view calls the trail's verifier."""
-    return verify_chains(records)
+async def chain_status(js: JetStreamContext, trust: TrustSet | None) -> list[ChainReport]:
+    """Verification of every chain (hashes, links, signatures against ``trust``, signed checkpoints): the one
+    place the audit API and view call the trail's verifier, ``remediator.audit.verify_trail``, the same one
+    ``remediator audit verify`` runs."""
+    return await verify_trail(js, trust)
 
 
 @dataclass
@@ -248,8 +251,9 @@ class AuditReader:
     """The read model of one process: a cache of the AUDIT stream refreshed from its last sequence."""
 
     def __init__(self, js: JetStreamContext, *, refresh_s: float = 1.0, max_records: int = 1_000_000,
-                 batch: int = 512) -> None:
+                 batch: int = 512, trust: TrustSet | None = None) -> None:
         self.js = js
+        self.trust = trust
         self.refresh_s = refresh_s
         self.max_records = max_records
         self.batch = batch
@@ -293,6 +297,8 @@ class AuditReader:
                     del idx.records[: len(idx.records) - self.max_records]
                     idx.truncated = True
                 self._summaries = self._chains = None
+            if self._chains is None:
+                self._chains = await chain_status(self.js, self.trust)
             self._refreshed_at = time.monotonic()
 
     @property
@@ -323,9 +329,8 @@ class AuditReader:
         return [r for r in self._index.records if r.node == node]
 
     def chains(self) -> list[ChainReport]:
-        if self._chains is None:
-            self._chains = chain_status(self._index.records)
-        return self._chains
+        """The chains' verification as of the last ``refresh`` (re-verified whenever records arrived)."""
+        return self._chains or []
 
     async def ledger(self) -> Ledger:
         """The safety ledger (breaker and budget reservations) as every replica sees it (empty when the

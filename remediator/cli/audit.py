@@ -328,7 +328,7 @@ def serve(nats_url: str | None, data_dir: str | None, http: str, insecure_no_aut
             raise click.ClickException(f"cannot reach NATS at {bus.redact_url(url)}: {type(e).__name__} {e}".rstrip()
                                        + "; check --nats URL / REMEDIATOR_NATS_URL") from None
         try:
-            reader = AuditReader(js)
+            reader = AuditReader(js, trust=trust_of(data_dir, ()))  # whose signatures count, as verify
             try:
                 await reader.refresh(force=True)
             except NotFoundError:
