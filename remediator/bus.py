@@ -523,9 +523,11 @@ async def verify(js: JetStreamContext, settings: Settings, *, replicas: int | No
         raise BusNotProvisioned(problems, want)
 
 
-async def provision_at(url: str, settings: Settings, *, name: str = "remediator-provision") -> list[str]:
-    """``provision`` over a connection of its own to ``url`` (benchmarks and tools that need just that)."""
-    nc, js = await connect(url, name=name)
+async def provision_at(url: str, settings: Settings, *, name: str = "remediator-provision",
+                       credentials: Credentials | None = None) -> list[str]:
+    """``provision`` over a connection of its own to ``url`` (benchmarks and tools that need just that), as
+    ``credentials`` (an ``admin`` identity on a server with auth)."""
+    nc, js = await connect(url, name=name, credentials=credentials)
     try:
         return await provision(js, settings)
     finally:

@@ -107,6 +107,16 @@ class EmbeddedNats:
             raise RuntimeError("this embedded nats-server runs without auth: no credentials to give")
         return str(self.store.role_creds(role))
 
+    def agent_creds(self, node: str, path: Path | str) -> str:
+        """Issue ``node``'s agent credentials from this server's operator into ``path`` (mode 0600)."""
+        if self.store is None:
+            raise RuntimeError("this embedded nats-server runs without auth: no credentials to give")
+        from remediator.identity import creds
+
+        issued = self.store.issue("agent", node=node, now=datetime.now(UTC))
+        assert issued.user is not None
+        return str(creds.write(path, issued.jwt, issued.user))
+
     def _write_config(self) -> Path | None:
         if self.store is None:
             return None

@@ -47,8 +47,10 @@ def run(seconds: float = 20.0, *, gpus: int = 8, warmup_s: float = 5.0,
     from remediator.settings import Settings
 
     say = progress or (lambda _m: None)
-    with EmbeddedNats() as nats_server, tempfile.TemporaryDirectory(prefix="bench-agent-") as tmp:
-        asyncio.run(bus.provision_at(nats_server.url, Settings(), name="bench-agent-idle"))
+    with EmbeddedNats(secure=True) as nats_server, tempfile.TemporaryDirectory(prefix="bench-agent-") as tmp:
+        asyncio.run(bus.provision_at(nats_server.url, Settings(), name="bench-agent-idle",
+                                     credentials=bus.Credentials(creds_file=nats_server.creds("admin"))))
+        agent_creds = nats_server.agent_creds("bench-node", Path(tmp) / "bench-node.creds")  # its own identity
         state = Path(tmp) / "state"
         sim = SimGpuNode(state / "sim", name="bench-node", gpus=gpus)
         for i in range(gpus):
@@ -56,7 +58,8 @@ def run(seconds: float = 20.0, *, gpus: int = 8, warmup_s: float = 5.0,
             sim.add_process(i, 10_000 + i, 40 * GIB, uid)
             sim.pod_log(f"llama-worker-{i}", f"rank {i} initialised")
         argv = [sys.executable, "-c", "from remediator.cli import main; main()", "agent", "--node", "bench-node",
-                "--nats", nats_server.url, "--sim-gpus", str(gpus), "--state", str(state), "--log-level", "WARNING"]
+                "--nats", nats_server.url, "--creds", agent_creds, "--sim-gpus", str(gpus), "--state", str(state),
+                "--log-level", "WARNING"]
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             say(f"agent pid {proc.pid}: warming up {warmup_s:g}s")

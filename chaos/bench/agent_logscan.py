@@ -144,12 +144,15 @@ def agent(seconds: float = 20.0, *, rate: float = 2000.0, signal_every: int = 10
     from remediator.natsd import EmbeddedNats
     from remediator.settings import Settings
 
-    with EmbeddedNats() as nats_server, tempfile.TemporaryDirectory(prefix="bench-logscan-") as tmp:
-        asyncio.run(bus.provision_at(nats_server.url, Settings(), name="bench-agent-logscan"))
+    with EmbeddedNats(secure=True) as nats_server, tempfile.TemporaryDirectory(prefix="bench-logscan-") as tmp:
+        asyncio.run(bus.provision_at(nats_server.url, Settings(), name="bench-agent-logscan",
+                                     credentials=bus.Credentials(creds_file=nats_server.creds("admin"))))
+        agent_creds = nats_server.agent_creds("bench-node", Path(tmp) / "bench-node.creds")  # its own identity
         root = Path(tmp) / "pods"
         _write_logs(root, PODS, signal_every)
         argv = [sys.executable, "-c", "from remediator.cli import main; main()", "agent", "--node", "bench-node",
-                "--nats", nats_server.url, "--pod-logs", str(root), "--state", str(Path(tmp) / "state"),
+                "--nats", nats_server.url, "--creds", agent_creds, "--pod-logs", str(root),
+                "--state", str(Path(tmp) / "state"),
                 "--log-level", "WARNING"]
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         rng = random.Random(11)
