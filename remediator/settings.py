@@ -140,6 +140,8 @@ class SafetySettings:
     breaker_threshold: int
     breaker_window_s: float
     approval_wait_s: float
+    reconcile_resync_s: float
+    reconcile_watch_s: float
 
 
 @dataclass(frozen=True)
@@ -576,7 +578,7 @@ class Settings(BaseSettings):
             self.dry_run, guards, self.lock_ttl_s, self.lock_wait_s, self.cooldown_s, self.attempt_window_s,
             self.max_node_attempts, self.max_gpu_attempts, self.budget_max_node_fraction, self.budget_max_nodes,
             self.budget_max_gpu_fraction, self.budget_max_gpus, self.breaker_threshold, self.breaker_window_s,
-            self.approval_wait_s)
+            self.approval_wait_s, self.reconcile_resync_s, self.reconcile_watch_s)
 
     def executor_view(self) -> ExecutorSettings:
         return ExecutorSettings(self.executor_concurrency, self.verify_hold_down_s, self.verify_interval_s,
