@@ -309,3 +309,30 @@ async def test_the_agent_gets_its_credentials_from_the_service_and_reports_for_i
         await admin_nc.close()
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
+
+
+async def test_a_user_jwt_without_permissions_can_do_nothing(tmp_path: Path) -> None:
+    """A JWT the plain roles key signed without permissions or limits (a mistake, or a forged role) gets the
+    account's deny-all defaults and no payload: the server drops it at its first publish."""
+    from remediator.identity import jwt, keys
+    from remediator.natsd import EmbeddedNats
+
+    with EmbeddedNats(data_dir=str(tmp_path / "data"), secure=True) as server:
+        store = server.store
+        assert store is not None
+        user = keys.create("user")
+        claims = jwt.user_claims(user.public_key, name="bare", iat=int(datetime.now(UTC).timestamp()), exp=None,
+                                 issuer_account=store.account.public_key, permissions=None,
+                                 tags=["role:agent", "node:gpu-node-1"])
+        path = creds.write(tmp_path / "bare.creds", jwt.encode(claims, store.roles_key), user)
+        nc, _js = await bus.connect(server.url, name="bare", credentials=bus.Credentials(creds_file=str(path)),
+                                    allow_reconnect=False, max_reconnect_attempts=0)
+        try:
+            await nc.publish("faults.agent.gpu-node-1", b"{}")
+            with pytest.raises((nats.errors.FlushTimeoutError, nats.errors.ConnectionClosedError)):
+                await nc.flush(timeout=2)
+            await _until(lambda: nc.is_closed, "the connection dropped by the server")
+            log = (store.root / "nats-server.log").read_text()
+            assert f"jwt:{user.public_key}" in log and "maximum payload exceeded" in log
+        finally:
+            await nc.close()
