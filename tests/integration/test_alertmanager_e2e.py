@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from chaos.sim import KubeApiServer, seed_cluster
+from remediator import bus
 from remediator.natsd import EmbeddedNats, free_port
 from remediator.service import Service
 from remediator.settings import Settings
@@ -93,6 +94,7 @@ async def test_xid79_alert_ends_with_node_tainted_and_drained(alertmanager: tupl
         kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
         settings = Settings(nats_url=nats_server.url, http=f"127.0.0.1:{webhook_port}", api_tokens=TOKEN,
                             kubeconfig=str(kubeconfig), drain_timeout_s=30, drain_grace_period_s=0)
+        await bus.provision_at(nats_server.url, settings)  # serve verifies a bus it did not start
         async with Service(settings):
             alert = [{
                 "labels": {"alertname": "GPUXidError", "Hostname": node, "gpu": "1", "xid": "79",
@@ -141,6 +143,7 @@ async def test_one_trace_from_webhook_to_the_audit_trail(tmp_path: Path) -> None
     with KubeApiServer(state) as kube, EmbeddedNats() as nats_server:
         settings = Settings(nats_url=nats_server.url, http=f"127.0.0.1:{free_port()}",
                             kubeconfig=str(kube.write_kubeconfig(tmp_path / "kubeconfig")), drain_grace_period_s=0)
+        await bus.provision_at(nats_server.url, settings)  # serve verifies a bus it did not start
         async with Service(settings) as service, httpx.AsyncClient() as client:
             trace = "0af7651916cd43dd8448eb211c80319c"
             payload = {"version": "4", "status": "firing", "alerts": [{

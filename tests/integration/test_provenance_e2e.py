@@ -16,7 +16,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from chaos.sim import KubeApiServer, seed_cluster
-from remediator import telemetry
+from remediator import bus, telemetry
 from remediator.audit import iter_records
 from remediator.contracts import AuditRecord
 from remediator.natsd import EmbeddedNats, free_port
@@ -44,6 +44,7 @@ async def test_one_alert_one_fingerprint_one_trace_through_the_whole_incident(tm
         settings = Settings(nats_url=nats_server.url, http=f"127.0.0.1:{free_port()}",
                             kubeconfig=str(kube.write_kubeconfig(tmp_path / "kubeconfig")),
                             drain_grace_period_s=0, drain_timeout_s=30)
+        await bus.provision_at(nats_server.url, settings)  # serve verifies a bus it did not start
         async with Service(settings) as service, httpx.AsyncClient() as client:
             telemetry.setup(span_exporter=spans)  # after the service's own setup, which sets no destination
             try:
