@@ -17,7 +17,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -127,11 +126,11 @@ class EmbeddedNats:
         return path
 
     def reload(self) -> None:
-        """Load the account JWT again (revocations, signing keys) without restarting: rewrite the
-        configuration and send SIGHUP."""
-        self._write_config()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGHUP)
+        """Load the account JWT again (revocations, signing keys): the server restarts on the same port and
+        store with the new configuration (the memory resolver takes its accounts at start); clients
+        reconnect."""
+        self.stop()
+        self.start()
 
     @property
     def url(self) -> str:
