@@ -306,8 +306,9 @@ class Settings(BaseSettings):
     http: str = _in("ingest", default="127.0.0.1:8080", description="HOST:PORT the HTTP ingest API listens on.")
     api_tokens: str = _in(
         "ingest", default="",
-        description="Comma-separated bearer tokens accepted by /v1/*: TOKEN (every scope) or SCOPE:TOKEN (alertmanager, "
-                    "events, auditor, admin). Empty: `serve` refuses to start unless --insecure-no-auth.",
+        description="Comma-separated bearer tokens accepted by /v1/*: TOKEN (every scope) or SCOPE:TOKEN "
+                    "(alertmanager, events, auditor, admin). Empty: `serve` refuses to start without"
+                    " --insecure-no-auth.",
     )
     max_body_bytes: int = _in(
         "ingest", default=1_048_576, ge=1024, description="Largest request body accepted (413 above)."
