@@ -191,11 +191,8 @@ def consumer_broker(url: str, *, name: str, graceful_timeout: float = GRACEFUL_S
     install_fetch_timeout_translation()  # the pull loops of this broker's subscribers fetch through it
     servers = [s.strip() for s in url.split(",") if s.strip()]
     identity = dict(auth or {})
-    tls = identity.pop("tls", None)
-    if tls is not None:
-        from faststream.security import BaseSecurity
-
-        identity["security"] = BaseSecurity(ssl_context=tls)
+    identity["security"] = _security(identity.pop("tls", None), identity.pop("user_credentials", None),
+                                     identity.pop("nkeys_seed", None))
     broker = NatsBroker(
         servers, name=name, **identity, allow_reconnect=True, max_reconnect_attempts=-1, reconnect_time_wait=2,
         connect_timeout=2, ping_interval=20, max_outstanding_pings=3, graceful_timeout=graceful_timeout,
@@ -203,6 +200,19 @@ def consumer_broker(url: str, *, name: str, graceful_timeout: float = GRACEFUL_S
     )
     _INBOX_OF[broker] = f"{identity.get('inbox_prefix') or '_INBOX'}.".encode()
     return broker
+
+
+def _security(tls: Any, creds_file: str | None, nkey_seed_file: str | None) -> Any:
+    """``bus.Credentials.options``'s identity as faststream's security object (its own ``user_credentials``
+    and ``nkeys_seed`` arguments are deprecated)."""
+    from faststream.nats import NatsCredentials, NatsNKey
+    from faststream.security import BaseSecurity
+
+    if creds_file:
+        return NatsCredentials(creds_file, ssl_context=tls)
+    if nkey_seed_file:
+        return NatsNKey.from_file(nkey_seed_file, ssl_context=tls)
+    return BaseSecurity(ssl_context=tls) if tls is not None else None
 
 
 _INBOX_OF: weakref.WeakKeyDictionary[NatsBroker, bytes] = weakref.WeakKeyDictionary()
