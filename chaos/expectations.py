@@ -186,7 +186,9 @@ async def _cluster_verdicts(run: DrillRun) -> list[Verdict]:
     if c.breaker is not None:
         from remediator.cli.operator import breaker_status  # what `remediator breaker status` shows
 
-        status = await breaker_status(world.nats_url)
+        server = world.nats_server
+        creds = server.creds("operator") if server is not None and server.secure else None
+        status = await breaker_status(world.nats_url, creds)
         state = "open" if status["open"] else "closed"
         since = f" since {status['tripped_at']}: {status['reason']}" if status["open"] else ""
         out.append(Verdict(f"`remediator breaker status`: {c.breaker}", state == c.breaker, state + since))

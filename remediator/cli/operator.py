@@ -30,6 +30,10 @@ from remediator.subjects import STATE_BUCKET, approval_key
 
 _nats_option = click.option("--nats", "nats_url", envvar="REMEDIATOR_NATS_URL", required=True,
                             help="NATS server URL (env REMEDIATOR_NATS_URL).")
+_creds_option = click.option(
+    "--creds", default=None, metavar="FILE", envvar="REMEDIATOR_NATS_CREDS_FILE",
+    type=click.Path(dir_okay=False, exists=True),
+    help="The operator's NATS .creds file (env REMEDIATOR_NATS_CREDS_FILE); needed on a server with auth.")
 _actor_option = click.option("--actor", default=None, help="Who is acting, for the audit trail (default: $USER).")
 
 
@@ -60,7 +64,8 @@ def operator_signer(creds: str | None = None) -> Signer | None:
 
 
 async def _state(url: str, creds: str | None = None) -> tuple[Any, Any, Any]:
-    opts: dict[str, Any] = {"user_credentials": creds} if creds else {}
+    # through bus.Credentials, so the connection also takes the role's own reply inbox from the creds file
+    opts: dict[str, Any] = {"credentials": bus.Credentials(creds_file=creds)} if creds else {}
     # Bounded, one line on failure (remediator.cli.edges); a bus without the bucket names `bus init`.
     from nats.js.errors import NotFoundError
 
@@ -79,8 +84,8 @@ async def _state(url: str, creds: str | None = None) -> tuple[Any, Any, Any]:
         raise
 
 
-async def breaker_status(url: str) -> dict[str, Any]:
-    nc, _js, kv = await _state(url)
+async def breaker_status(url: str, creds: str | None = None) -> dict[str, Any]:
+    nc, _js, kv = await _state(url, creds)
     try:
         ledger = await LedgerStore(kv).read()
         b = ledger.breaker
@@ -91,15 +96,15 @@ async def breaker_status(url: str) -> dict[str, Any]:
         await nc.close()
 
 
-async def breaker_reset(url: str, reason: str, actor: str) -> dict[str, Any]:
+async def breaker_reset(url: str, reason: str, actor: str, creds: str | None = None) -> dict[str, Any]:
     """Close the breaker (its quarantine count starts over); reservations are kept. Audited."""
-    nc, js, kv = await _state(url)
+    nc, js, kv = await _state(url, creds)
     try:
         try:
             before = await LedgerStore(kv).reset_breaker()
         except LostRace as e:
             raise click.ClickException("the safety ledger kept changing; try again") from e
-        await AuditLog(js, actor, signer=operator_signer()).append(
+        await AuditLog(js, actor, signer=operator_signer(creds)).append(
             None, "breaker_reset", reason, before=before.to_json(), after=BreakerState().to_json())
         return {"open": False, "was_open": before.open, "reason": reason, "actor": actor}
     finally:
@@ -193,10 +198,11 @@ def breaker() -> None:
 
 @breaker.command("status")
 @_nats_option
+@_creds_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
-def status(nats_url: str, as_json: bool) -> None:
+def status(nats_url: str, creds: str | None, as_json: bool) -> None:
     """Show whether the breaker is open, since when and why."""
-    doc = asyncio.run(breaker_status(nats_url))
+    doc = asyncio.run(breaker_status(nats_url, creds))
     state = "OPEN" if doc["open"] else "closed"
     _emit(doc, as_json, f"breaker {state}" + (f" since {doc['tripped_at']}: {doc['reason']}" if doc["open"] else "")
           + f"; {doc['recent_quarantines']} recent quarantines")
@@ -204,15 +210,16 @@ def status(nats_url: str, as_json: bool) -> None:
 
 @breaker.command("reset")
 @_nats_option
+@_creds_option
 @click.option("--reason", required=True, help="Why it is safe to resume (kept in the audit trail).")
 @_actor_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
-def reset(nats_url: str, reason: str, actor: str | None, as_json: bool) -> None:
+def reset(nats_url: str, creds: str | None, reason: str, actor: str | None, as_json: bool) -> None:
     """Close the breaker so quarantines resume."""
     if not reason.strip():
         click.echo("--reason must say why", err=True)
         sys.exit(2)
-    doc = asyncio.run(breaker_reset(nats_url, reason, _actor(actor)))
+    doc = asyncio.run(breaker_reset(nats_url, reason, _actor(actor), creds))
     _emit(doc, as_json, "breaker closed" if doc["was_open"] else "breaker was not open; count reset")
 
 
