@@ -16,7 +16,8 @@ executor      consume REMEDIATIONS through ``executor``; read/write KV state and
               ``agent.*.cmd``; publish AUDIT and DEADLETTER
 service       the union of ingest, dispatcher, executor and auditor: one ``serve`` replica runs them all
 operator      read/write KV state (ledger, approvals); append to AUDIT (and its checkpoints) and read it
-auditor       read AUDIT and AUDITCP (stream info, direct get, ephemeral consumers); nothing else
+auditor       read AUDIT and AUDITCP (stream info, direct get, ephemeral consumers), and read the KV state
+              bucket by message get (the fleet page's ledger and approvals); nothing else, no write
 agent         publish ``faults.agent.<its node>``; receive ``agent.<its node>.cmd`` and answer each
               request once (``allow_responses``); nothing else: no KV, no audit, no other node
 bench         ``remediator bench``'s own ``bench.>`` subjects (its floor and raw-publish phases)
@@ -114,7 +115,10 @@ _DISPATCHER = (*_VERIFY, *_durable(S.FAULTS_STREAM, "dispatch"), *_kv(S.STATE_BU
                *_ACCOUNT_INFO)
 _EXECUTOR = (*_VERIFY, *_durable(S.REMEDIATIONS_STREAM, "executor"), *_kv(S.STATE_BUCKET), *_kv(S.LOCKS_BUCKET),
              "agent.*.cmd", *_AUDIT_APPEND, S.DEAD_LETTER_WILDCARD, *_ACCOUNT_INFO)
-_AUDITOR = (*_read_stream(S.AUDIT_STREAM), *_read_stream(_CHECKPOINT_STREAM), *_ACCOUNT_INFO)
+# The auditor also reads, and only reads, the state bucket (the fleet page's safety ledger and approvals):
+# stream info and message get of KV_remediator-state; no $KV publish, so no write.
+_STATE_FOR_REVIEW = (f"$JS.API.STREAM.INFO.KV_{S.STATE_BUCKET}", f"$JS.API.STREAM.MSG.GET.KV_{S.STATE_BUCKET}")
+_AUDITOR = (*_read_stream(S.AUDIT_STREAM), *_read_stream(_CHECKPOINT_STREAM), *_STATE_FOR_REVIEW, *_ACCOUNT_INFO)
 _OPERATOR = (*_kv(S.STATE_BUCKET), *_AUDIT_APPEND, *_read_stream(S.AUDIT_STREAM), *_ACCOUNT_INFO)
 
 ROLES: dict[str, Role] = {r.name: r for r in (
