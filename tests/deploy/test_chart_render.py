@@ -343,11 +343,9 @@ def test_network_policies_admit_only_the_service_agents_and_prometheus() -> None
         assert any(peer["podSelector"]["matchLabels"].items() <= lab.items() for lab in labels)
 
 
-# Settings the chart sets ahead of the code that reads them (issue 9's agent-identity exchange: the agent
-# presents its projected token to the service, which signs a node-scoped JWT with the agents' key).
-# test_every_remediator_variable_is_a_real_setting lists them until the code reads them.
-AHEAD_OF_THE_CODE = {"REMEDIATOR_IDENTITY_URL", "REMEDIATOR_IDENTITY_TOKEN_FILE",
-                     "REMEDIATOR_IDENTITY_AUDIENCE", "REMEDIATOR_NATS_AGENT_SIGNING_KEY"}
+# Settings the chart sets ahead of the code that reads them: none now (the agent-identity exchange of
+# issue 9 reads REMEDIATOR_IDENTITY_URL/_TOKEN_FILE/_AUDIENCE and REMEDIATOR_NATS_AGENT_SIGNING_KEY).
+AHEAD_OF_THE_CODE: set[str] = set()
 
 
 def _known_variables(cmd: click.Command) -> set[str]:
