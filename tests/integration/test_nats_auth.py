@@ -34,6 +34,7 @@ from remediator.contracts import FaultEvent, GpuRef
 from remediator.identity import creds
 from remediator.natsd import free_port
 from remediator.subjects import STATE_BUCKET, agent_key_key
+from tests.integration.serve_support import wait_ready
 
 TOKEN = "t0k3n"
 
@@ -56,17 +57,7 @@ def served(tmp_path: Path) -> Iterator[tuple[ClusterState, str, Path]]:
             env={**os.environ, "REMEDIATOR_API_TOKENS": TOKEN}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True)
         try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                try:
-                    if httpx.get(f"http://127.0.0.1:{http_port}/readyz", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-                time.sleep(0.2)
-            else:
-                raise AssertionError("serve did not become ready")
+            wait_ready(proc, f"http://127.0.0.1:{http_port}", timeout_s=60)
             (data_dir / "http").write_text(f"http://127.0.0.1:{http_port}")
             yield cluster, f"nats://127.0.0.1:{nats_port}", data_dir
         finally:

@@ -6,13 +6,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
 from chaos.sim import KubeApiServer, seed_cluster
 from remediator.natsd import EmbeddedNats, free_port
+from tests.integration.serve_support import wait_ready
 
 
 def test_serve_runs_until_sigterm(tmp_path: Path) -> None:
@@ -29,17 +29,7 @@ def test_serve_runs_until_sigterm(tmp_path: Path) -> None:
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             base = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                try:
-                    if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-                time.sleep(0.2)
-            else:
-                raise AssertionError("serve did not become ready")
+            wait_ready(proc, base, timeout_s=30)
             assert httpx.get(f"{base}/healthz").status_code == 200
             assert httpx.post(f"{base}/v1/events", json=[]).status_code == 401  # a token is configured
         finally:
