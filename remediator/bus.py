@@ -61,6 +61,7 @@ __all__ = [
     "connect",
     "connect_within",
     "dead_letter_publisher",
+    "decision_incident",
     "provision",
     "publish_event",
     "redact_url",
@@ -77,6 +78,7 @@ TRACEPARENT_HEADER = "traceparent"
 DEAD_LETTER_REASON_HEADER = "Remediator-Dead-Letter-Reason"
 ORIGINAL_SUBJECT_HEADER = "Remediator-Original-Subject"
 ORIGINAL_SEQUENCE_HEADER = "Remediator-Original-Sequence"
+INCIDENT_HEADER = "Remediator-Incident"  # on a dead letter whose message belongs to an incident
 
 DAY_S = 86_400
 FAULTS_MAX_AGE_S = 30 * DAY_S  # events are replayable history for a month; incidents live in KV and AUDIT
@@ -620,15 +622,30 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
+def decision_incident(msg: Msg) -> str | None:
+    """The incident of a REMEDIATIONS message (a ``Decision``), None when its body is not one."""
+    from pydantic import ValidationError
+
+    from remediator.contracts import Decision
+
+    try:
+        return Decision.model_validate_json(msg.data).incident_id
+    except ValidationError:
+        return None
+
+
 def dead_letter_publisher(js: JetStreamContext, *, timeout: float = 5.0,
-                          on_dead_letter: Callable[[Msg, str, str], Awaitable[None]] | None = None
-                          ) -> DeadLetter:
+                          on_dead_letter: Callable[[Msg, str, str], Awaitable[None]] | None = None,
+                          incident_of: Callable[[Msg], str | None] | None = None) -> DeadLetter:
     """A ``dead_letter`` callback for ``settle``: copy the message to ``deadletter.<stream>.<node>``.
 
-    The copy keeps the body and headers and adds the reason, the original subject and stream sequence; its
-    ``Nats-Msg-Id`` is ``dl|<stream>|<sequence>`` so a retried dead-lettering is stored once. ``<node>`` is
-    the last token of the original subject (``faults.<source>.<node>``, ``remediation.<node>``).
-    ``on_dead_letter(msg, reason, subject)`` runs after the copy is acked (e.g. to write the audit record).
+    The copy keeps the body and headers and adds the reason, the original subject and stream sequence, and
+    the incident id (``Remediator-Incident``) whenever ``incident_of(msg)`` names one (the executor's
+    ``decision_incident``: every REMEDIATIONS message belongs to an incident; a FAULTS event that failed
+    before any decision has none); its ``Nats-Msg-Id`` is ``dl|<stream>|<sequence>`` so a retried
+    dead-lettering is stored once. ``<node>`` is the last token of the original subject
+    (``faults.<source>.<node>``, ``remediation.<node>``). ``on_dead_letter(msg, reason, subject)`` runs
+    after the copy is acked (e.g. to write the audit record).
     """
 
     async def dead_letter(msg: Msg, reason: str) -> None:
@@ -646,6 +663,9 @@ def dead_letter_publisher(js: JetStreamContext, *, timeout: float = 5.0,
             ORIGINAL_SEQUENCE_HEADER: str(seq),
             MSG_ID_HEADER: f"dl|{stream}|{seq}" if seq else f"dl|{msg.subject}|{_digest(msg.data)}",
         })
+        incident = incident_of(msg) if incident_of is not None else None
+        if incident:
+            headers[INCIDENT_HEADER] = incident[:256]
         await js.publish(subject, msg.data, timeout=timeout, stream=subjects.DEAD_LETTER_STREAM,
                          headers=headers)
         if on_dead_letter is not None:

@@ -50,7 +50,7 @@ from playbooks.schema import Playbook, StepSpec
 from playbooks.steps import REGISTRY, StepContext, StepRegistry, quarantine_of
 from remediator import consumers, safety
 from remediator.audit import AuditContext, AuditLog, IncidentAudit, finished_after
-from remediator.bus import dead_letter_publisher, settle
+from remediator.bus import dead_letter_publisher, decision_incident, settle
 from remediator.contracts import Decision, utcnow
 from remediator.errors import PermanentError, TemporaryError
 from remediator.run import (
@@ -110,7 +110,8 @@ class Executor:
                  http: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None) -> None:
         self._nc = nc
         self._js = js
-        self._dead_letter = dead_letter_publisher(js, on_dead_letter=self._audit_dead_letter)
+        self._dead_letter = dead_letter_publisher(js, on_dead_letter=self._audit_dead_letter,
+                                                  incident_of=decision_incident)
         self.settings = settings
         self.kube = kube
         self.audit = audit

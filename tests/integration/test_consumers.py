@@ -107,6 +107,7 @@ async def test_a_failing_dispatch_is_nakked_redelivered_then_dead_lettered(nats_
         assert msg.subject == "deadletter.faults.gpu-node-7"
         assert msg.headers is not None
         assert msg.headers[bus.DEAD_LETTER_REASON_HEADER] == "unexpected error on delivery 3/3: handler bug"
+        assert bus.INCIDENT_HEADER not in msg.headers  # an event that failed before any decision has none
         assert d.stats.dead_lettered == 1
         info = await js.consumer_info(FAULTS_STREAM, bus.DISPATCH_CONSUMER)
         assert (info.num_ack_pending, info.num_pending) == (0, 0)  # terminated after the copy, nothing left
@@ -135,6 +136,7 @@ async def test_a_temporary_executor_error_waits_its_delay_then_dead_letters(nats
         assert deliveries == [1, 2]
         assert at[1] - at[0] >= 0.45  # the TemporaryError's own delay, not the consumer's 0.1 s
         assert msg.subject == "deadletter.remediations.gpu-node-8"
+        assert msg.headers is not None and msg.headers[bus.INCIDENT_HEADER] == "inc-temp"  # whose run it ended
         assert (await js.stream_info(REMEDIATIONS_STREAM)).state.messages == 0  # work queue: terminated
 
 
