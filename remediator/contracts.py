@@ -450,6 +450,7 @@ AuditWhat = Literal[
     "dead_letter",
     "escalated",
     "settled",  # a reservation, handover or incident settled by the reconciler or an operator
+    "command_refused",  # commands a node's agent refused, from its signed refusal report
 ]
 
 

@@ -50,6 +50,15 @@ class ServiceMetrics:
         "remediator_decision_to_first_action_seconds": (
             "summary", "Time from a decision to its playbook's first completed step."),
         "remediator_ready": ("gauge", "1 while a readiness condition (bus, consumers, kubernetes) holds."),
+        "remediator_events_refused_total": (
+            "counter", "Events dispatch refused and audited as event_ignored, by reason (subject_mismatch: an "
+                       "agent event naming another node or source than its subject)."),
+        "remediator_identity_issued_total": (
+            "counter", "Agent credentials issued by POST /v1/identity/agent after a TokenReview."),
+        "remediator_identity_refusals_total": (
+            "counter", "Requests POST /v1/identity/agent refused, by reason (remediator.identity.http codes)."),
+        "remediator_agent_command_refusals_total": (
+            "counter", "Commands an agent refused and reported (audited as command_refused), by reason."),
     }
 
     def __init__(self, pending_limit: int = 10_000) -> None:
@@ -107,6 +116,13 @@ class ServiceMetrics:
                     self._running.discard(r.incident)
                     for pending in (self._decided_at, self._playbook_of, self._step_of):
                         pending.pop(r.incident, None)
+            elif r.what == "event_ignored" and isinstance(after.get("refused"), str):
+                self._inc("remediator_events_refused_total", (("reason", str(after["refused"])[:64]),))
+            elif r.what == "command_refused":  # one record per reason per report: after.count commands
+                count = after.get("count", 1)
+                self._inc("remediator_agent_command_refusals_total",
+                          (("reason", str(after.get("refused", "unknown"))[:64]),),
+                          float(count) if isinstance(count, int) and 0 < count < 2**31 else 1.0)
             elif r.what == "breaker_trip":
                 self._gauges["remediator_breaker_open"] = 1.0
             elif r.what == "breaker_reset":
@@ -119,6 +135,15 @@ class ServiceMetrics:
                 self._awaiting.discard(r.incident)
             self._gauges["remediator_runs_in_progress"] = float(len(self._running))
             self._gauges["remediator_approvals_pending"] = float(len(self._awaiting))
+
+    def identity_request(self, outcome: str) -> None:
+        """Count one ``POST /v1/identity/agent``: ``issued`` or its refusal's code
+        (``remediator.identity.http.REFUSAL_CODES``, a fixed vocabulary)."""
+        with self._lock:
+            if outcome == "issued":
+                self._inc("remediator_identity_issued_total")
+            else:
+                self._inc("remediator_identity_refusals_total", (("reason", outcome[:64]),))
 
     def set_ready(self, condition: str, ok: bool) -> None:
         """Record a readiness condition as last probed (``remediator.readiness``)."""

@@ -256,7 +256,8 @@ class Service:
         assert self.kube is not None and self.js is not None
         return identity_http.AgentIdentity(self.kube, issuer, self.js, audience=s.identity_audience,
                                            namespace=s.identity_namespace, daemonset=s.identity_daemonset,
-                                           ttl=timedelta(seconds=s.identity_ttl_s), clock=self.clock)
+                                           ttl=timedelta(seconds=s.identity_ttl_s), clock=self.clock,
+                                           observe=self.metrics.identity_request)
 
     async def _provision(self, s: Settings) -> None:
         """Declare the bus: on the embedded server as its ``admin`` identity (the service's own may not

@@ -53,10 +53,19 @@ class TokenReviewer(Protocol):
 
 
 class Refused(Exception):
-    def __init__(self, status: int, reason: str) -> None:
+    """A refusal: the HTTP status, the one-line reason, and ``code``, a short fixed name for metrics
+    (``remediator_identity_refusals_total{reason=…}``: never derived from the request's own values)."""
+
+    def __init__(self, status: int, reason: str, code: str) -> None:
         super().__init__(reason)
         self.status = status
         self.reason = reason
+        self.code = code
+
+
+REFUSAL_CODES = ("no_token", "body_too_large", "bad_body", "review_unavailable", "not_authenticated",
+                 "wrong_namespace", "not_pod_bound", "other_node", "pod_unreadable", "pod_mismatch",
+                 "not_agent_daemonset", "bad_key")
 
 
 @dataclass
@@ -71,19 +80,22 @@ class AgentIdentity:
     daemonset: str
     ttl: timedelta
     clock: Callable[[], datetime]
+    # called once per request with "issued" or the refusal's code (the service's metrics)
+    observe: Callable[[str], None] | None = None
 
     async def issue(self, token: str, node: str, public_key: str | None = None) -> dict[str, Any]:
         try:
             status = await self.kube.review_token(token, [self.audience])
         except Exception as e:  # the API is away or refuses the review itself: the agent retries
-            raise Refused(503, f"TokenReview failed: {type(e).__name__}") from None
+            raise Refused(503, f"TokenReview failed: {type(e).__name__}", "review_unavailable") from None
         if status.get("authenticated") is not True:
-            raise Refused(401, "the ServiceAccount token was not authenticated by the Kubernetes API")
+            raise Refused(401, "the ServiceAccount token was not authenticated by the Kubernetes API",
+                          "not_authenticated")
         user = status.get("user") or {}
         username = str(user.get("username", ""))
         prefix = f"system:serviceaccount:{self.namespace}:"
         if not username.startswith(prefix):
-            raise Refused(403, f"the token is not a ServiceAccount of namespace {self.namespace}")
+            raise Refused(403, f"the token is not a ServiceAccount of namespace {self.namespace}", "wrong_namespace")
         extra = user.get("extra") or {}
 
         def one(key: str) -> str:
@@ -92,24 +104,26 @@ class AgentIdentity:
 
         pod_name, pod_uid, token_node = one("pod-name"), one("pod-uid"), one("node-name")
         if not pod_name or not pod_uid:
-            raise Refused(403, "the token is not bound to a pod (use a projected ServiceAccount token)")
+            raise Refused(403, "the token is not bound to a pod (use a projected ServiceAccount token)",
+                          "not_pod_bound")
         if token_node != node:
-            raise Refused(403, f"the token's pod runs on {token_node or 'no node'}, not on {node}")
+            raise Refused(403, f"the token's pod runs on {token_node or 'no node'}, not on {node}", "other_node")
         try:
             pod = await self.kube.read_pod(self.namespace, pod_name)
         except Exception:
-            raise Refused(403, f"pod {self.namespace}/{pod_name} cannot be read") from None
+            raise Refused(403, f"pod {self.namespace}/{pod_name} cannot be read", "pod_unreadable") from None
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
         if meta.get("uid") != pod_uid or spec.get("nodeName") != node:
-            raise Refused(403, f"pod {self.namespace}/{pod_name} is not the token's pod on {node}")
+            raise Refused(403, f"pod {self.namespace}/{pod_name} is not the token's pod on {node}", "pod_mismatch")
         owners = meta.get("ownerReferences") or []
         if not any(o.get("kind") == "DaemonSet" and o.get("name") == self.daemonset and o.get("controller")
                    for o in owners):
-            raise Refused(403, f"pod {self.namespace}/{pod_name} is not a pod of DaemonSet {self.daemonset}")
+            raise Refused(403, f"pod {self.namespace}/{pod_name} is not a pod of DaemonSet {self.daemonset}",
+                          "not_agent_daemonset")
         try:
             issued = self.issuer.issue("agent", node=node, now=self.clock(), ttl=self.ttl, public_key=public_key)
         except IdentityError as e:
-            raise Refused(400, str(e)) from None
+            raise Refused(400, str(e), "bad_key") from None
         await agents.announce(self.js, issued)
         log.info("issued agent credentials for node %s to pod %s/%s (user %s, until %s)", node, self.namespace,
                  pod_name, issued.public_key, issued.expires_at)
@@ -134,8 +148,12 @@ def router(identity: AgentIdentity) -> APIRouter:
             answer = await identity.issue(token, node, public_key)
         except Refused as e:
             log.warning("agent credentials refused: %s", e.reason)
+            if identity.observe is not None:
+                identity.observe(e.code)
             return JSONResponse({"error": e.reason}, status_code=e.status,
                                 headers={"WWW-Authenticate": "Bearer"} if e.status == 401 else None)
+        if identity.observe is not None:
+            identity.observe("issued")
         return JSONResponse(answer, headers={"Cache-Control": "no-store"})
 
     return api
@@ -144,22 +162,22 @@ def router(identity: AgentIdentity) -> APIRouter:
 async def _read(request: Request) -> tuple[str, str, str | None]:
     header = request.headers.get("authorization", "")
     if len(header) > MAX_TOKEN or not header.lower().startswith("bearer ") or not header[7:].strip():
-        raise Refused(401, "Authorization: Bearer <projected ServiceAccount token> is required")
+        raise Refused(401, "Authorization: Bearer <projected ServiceAccount token> is required", "no_token")
     body = b""
     async for chunk in request.stream():
         body += chunk
         if len(body) > MAX_BODY:
-            raise Refused(413, f"body larger than {MAX_BODY} bytes")
+            raise Refused(413, f"body larger than {MAX_BODY} bytes", "body_too_large")
     try:
         doc = json.loads(body)
     except ValueError:
-        raise Refused(400, 'the body must be JSON {"node": NAME}') from None
+        raise Refused(400, 'the body must be JSON {"node": NAME}', "bad_body") from None
     node = doc.get("node") if isinstance(doc, dict) else None
     if not isinstance(node, str) or not node:
-        raise Refused(400, 'the body must be JSON {"node": NAME}')
+        raise Refused(400, 'the body must be JSON {"node": NAME}', "bad_body")
     public_key = doc.get("public_key")
     if public_key is not None and not isinstance(public_key, str):
-        raise Refused(400, "public_key must be a user nkey (U…)")
+        raise Refused(400, "public_key must be a user nkey (U…)", "bad_key")
     return header[7:].strip(), node, public_key
 
 

@@ -155,6 +155,9 @@ async def test_anonymous_refused_and_agent_creds_speak_for_their_node_only(
                        for r in records)
 
         await _until(mismatch_audited, "the body/subject mismatch audited as event_ignored")
+        async with httpx.AsyncClient(timeout=5) as http:
+            metrics = (await http.get(_http_base(data_dir) + "/metrics")).text
+        assert 'remediator_events_refused_total{reason="subject_mismatch"} 1' in metrics, metrics
         assert not cluster.is_cordoned("gpu-node-2")
         assert not [t for t in cluster.taints("gpu-node-2") if t["key"].startswith("gpu-remediator")]
 
@@ -227,10 +230,18 @@ async def test_an_agent_pod_trades_its_serviceaccount_token_for_its_nodes_creden
         }
         assert refused == {"no token": 401, "unknown token": 401, "another node": 403, "another audience": 401,
                            "not the agent's pod": 403}
+        metrics = (await http.get("/metrics")).text  # each refusal counted by its reason
+        for line in ('remediator_identity_refusals_total{reason="no_token"} 1',
+                     'remediator_identity_refusals_total{reason="not_authenticated"} 2',
+                     'remediator_identity_refusals_total{reason="other_node"} 1',
+                     'remediator_identity_refusals_total{reason="wrong_namespace"} 1'):
+            assert line in metrics, metrics
+        assert "remediator_identity_issued_total" not in metrics
 
         answer = await ask(token, "gpu-node-1")
         assert answer.status_code == 200, answer.text
         doc = answer.json()
+        assert "remediator_identity_issued_total 1" in (await http.get("/metrics")).text
         path = tmp_path / "issued.creds"
         path.write_text(doc["creds"])
         path.chmod(0o600)

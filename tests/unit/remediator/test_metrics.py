@@ -76,3 +76,23 @@ def test_a_step_record_without_its_key_is_the_step_its_run_started() -> None:
     text = m.render().decode()
     assert 'remediator_steps_total{step="drain",result="succeeded"} 1' in text
     assert 'remediator_playbook_runs_total{playbook="gpu-lost",outcome="escalated"} 1' in text
+
+
+def test_refusals_are_counted_by_reason() -> None:
+    m = ServiceMetrics()
+    m.observe(rec("event_ignored", "gpu-node-2 on gpu-node-1's subject", {"refused": "subject_mismatch"},
+                  incident=None))
+    m.observe(rec("event_ignored", "no handler for kind thermal", {}, incident=None))  # not a refusal
+    m.observe(rec("command_refused", "3 unsigned", {"refused": "unsigned", "count": 3}, incident=None))
+    m.observe(rec("command_refused", "1 replayed", {"refused": "replayed", "count": 1}, incident=None))
+    m.observe(rec("command_refused", "junk count", {"refused": "replayed", "count": "many"}, incident=None))
+    m.identity_request("no_token")
+    m.identity_request("no_token")
+    m.identity_request("issued")
+    text = m.render().decode()
+    assert 'remediator_events_refused_total{reason="subject_mismatch"} 1' in text
+    assert text.count("remediator_events_refused_total{") == 1
+    assert 'remediator_agent_command_refusals_total{reason="unsigned"} 3' in text
+    assert 'remediator_agent_command_refusals_total{reason="replayed"} 2' in text
+    assert 'remediator_identity_refusals_total{reason="no_token"} 2' in text
+    assert "remediator_identity_issued_total 1" in text
