@@ -175,3 +175,61 @@ def _announce(issued: Any, nats_url: str | None, data_dir: Path | None) -> bool:
         click.echo(f"warning: announcing the agent key failed: {type(e).__name__}: {e}", err=True)
         return False
     return True
+
+
+# Secret names the chart reads by default (deploy/chart/values.yaml): what `bus operator` writes maps onto them.
+CHART_SECRETS = {
+    "gpu-remediator-nats-auth": ("auth.conf", "auth.conf"),
+    "gpu-remediator-nats-service": ("user.creds", "service/user.creds"),
+    "gpu-remediator-nats-admin": ("user.creds", "admin/user.creds"),
+    "gpu-remediator-nats-agent-signer": ("seed", "agent-signer/seed"),
+    "gpu-remediator-signing-key": ("seed", "signing/seed"),
+}
+
+
+@bus.command("operator")
+@click.option("--data-dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Keep the operator's keys in DIR/identity (created on first use, mode 0700; keep it safe: it "
+                   "mints every identity). Running again loads them, so what was issued stays valid.")
+@click.option("--out", "out", default=None, type=click.Path(file_okay=False, path_type=Path),
+              help="Where to write what the chart's Secrets hold (default: DIR/chart).")
+@click.option("--json", "as_json", is_flag=True, help="Print what was written and the public keys as JSON.")
+def operator(data_dir: Path, out: Path | None, as_json: bool) -> None:
+    """Make (or load) a NATS operator, system account and remediator account for a production bus, and
+    write what the Helm chart needs: auth.conf (operator JWT, system account, resolver_preload — the
+    bundled NATS includes it), the service and admin .creds, the agents' scoped signing key and the
+    service's signing key. Prints the kubectl commands that create the chart's Secrets, and the values to
+    set (nats.account, identity.trustKeys). No secret is printed."""
+    from remediator.identity import creds as creds_file
+    from remediator.identity import keys
+    from remediator.identity.keys import IdentityError
+    from remediator.identity.store import OperatorStore
+    from remediator.signing import local_signer
+
+    out = out or data_dir / "chart"
+    now = datetime.now(UTC)
+    try:
+        store = OperatorStore.open(data_dir / "identity")
+        keys.write_secret(out / "auth.conf", store.auth_config(now=now))
+        for role in ("service", "admin"):
+            src = store.role_creds(role, now=now)
+            jwt_text, seed = creds_file.read_jwt(src), creds_file.read_seed(src)
+            creds_file.write(out / role / "user.creds", jwt_text, seed)
+        keys.write_secret(out / "agent-signer" / "seed", store.agents_key.seed.decode() + "\n")
+        signer = local_signer(data_dir / "identity" / "service.nk")
+        keys.write_secret(out / "signing" / "seed", keys.read_secret(data_dir / "identity" / "service.nk"))
+        for folder in (out, *(p for p in out.iterdir() if p.is_dir())):
+            folder.chmod(0o700)
+    except (IdentityError, OSError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    doc = {"out": str(out), "operator": store.operator.public_key, "system_account": store.system.public_key,
+           "account": store.account.public_key, "agents_signing_key": store.agents_key.public_key,
+           "service_key": signer.public_key,
+           "secrets": {name: {"key": key, "file": str(out / rel)} for name, (key, rel) in CHART_SECRETS.items()}}
+    if as_json:
+        click.echo(json.dumps(doc))
+    click.echo(f"wrote the chart's NATS identity to {out} (account {store.account.public_key})", err=True)
+    for name, (key, rel) in CHART_SECRETS.items():
+        click.echo(f"  kubectl -n NAMESPACE create secret generic {name} --from-file={key}={out / rel}", err=True)
+    click.echo(f"  helm values: --set nats.account={store.account.public_key} "
+               f"--set identity.trustKeys={{{signer.public_key}}}", err=True)

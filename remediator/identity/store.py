@@ -89,17 +89,27 @@ class OperatorStore:
         return jwt.encode(jwt.account_claims(self.system.public_key, name=SYSTEM_ACCOUNT_NAME,
                                              iat=int(now.timestamp()), jetstream=False), self.operator)
 
-    def server_config(self, *, now: datetime) -> str:
-        """The ``nats-server`` configuration: operator mode, system account, memory resolver preloaded
-        (listen address, port and store come from the command line)."""
+    def auth_config(self, *, now: datetime) -> str:
+        """The operator-mode part of a ``nats-server`` configuration: the operator JWT, the system account
+        and ``resolver_preload`` with both account JWTs; no ``resolver`` line, so it can be included beside
+        the resolver a deployment chooses (``remediator bus operator`` writes it for the chart's bundled
+        NATS, whose full resolver is configured by the official chart). Public data only: no seed."""
         return "\n".join([
             f"operator: {json.dumps(self.operator_jwt(now))}",
             f"system_account: {self.system.public_key}",
-            "resolver: MEMORY",
             "resolver_preload: {",
             f"  {self.account.public_key}: {json.dumps(self.account_jwt(now))}",
             f"  {self.system.public_key}: {json.dumps(self.system_jwt(now))}",
             "}",
+            "",
+        ])
+
+    def server_config(self, *, now: datetime) -> str:
+        """The embedded ``nats-server`` configuration: ``auth_config`` with a memory resolver (listen
+        address, port and store come from the command line)."""
+        return "\n".join([
+            self.auth_config(now=now).rstrip("\n"),
+            "resolver: MEMORY",
             "logfile_size_limit: 10485760",  # the log (permission violations among others) stays bounded
             "",
         ])

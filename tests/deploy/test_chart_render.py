@@ -106,10 +106,12 @@ OFFICIAL_NATS_KEYS = {
     "config.cluster.enabled", "config.cluster.replicas",
     "config.jetstream.enabled", "config.jetstream.fileStore.pvc.size",
     "config.resolver.enabled", "config.resolver.pvc.size",
-    "config.merge",
+    "config.resolver.merge.type", "config.resolver.merge.interval", "config.resolver.merge.timeout",
+    "config.merge",  # its `NN$include` keys become include directives (relative to /etc/nats-config)
+    "container.patch", "podTemplate.patch",  # JSON patches of the nats container and the pod template
     "natsBox.enabled", "promExporter.enabled", "podDisruptionBudget.enabled",
 }
-OUR_NATS_KEYS = {"url", "replicas", "credentials.service", "credentials.admin", "credentials.agentSigner",
+OUR_NATS_KEYS = {"url", "replicas", "account", "credentials.service", "credentials.admin", "credentials.agentSigner",
                  "clientTls.enabled", "clientTls.caSecret"}
 
 
