@@ -19,6 +19,10 @@ goes through one ``IncidentAudit`` bound to the event (``AuditContext.of_event``
 alert fingerprint, trace id), re-bound to the incident once a verdict names one, so the records of an
 incident agree on all of them by construction.
 
+A message with the header ``Remediator-Report: command-refusals`` is not an event but a node agent's signed
+report of the commands it refused (``remediator.identity.reports``): verified against the node's announced
+key (KV ``agentkey.<node>``) and audited as ``command_refused`` records, or refused as ``event_ignored``.
+
 Messages of one node are handled in order; different nodes run concurrently (``remediator.consumers`` says how).
 """
 
@@ -41,9 +45,11 @@ from pydantic import ValidationError
 from handlers.base import HandlerRegistry, HandlerSpec, Verdict, incident_id_for
 from handlers.rules import RuleSet
 from remediator import consumers
+from remediator.adapters.agent import AgentKeys
 from remediator.audit import AuditContext, AuditLog, IncidentAudit, decision_after
 from remediator.bus import PermanentError, dead_letter_publisher, settle
 from remediator.contracts import Decision, FaultEvent, resolve_job, utcnow
+from remediator.identity import reports
 from remediator.settings import Settings
 from remediator.state import StateConflict, StateStore
 from remediator.subjects import (
@@ -120,6 +126,7 @@ class Dispatcher:
         self._batch = batch
         self.stats = DispatchStats()
         self._dead_letter = dead_letter_publisher(js, on_dead_letter=self._audit_dead_letter)
+        self._agent_keys: AgentKeys | None = None  # the agents' announced keys, for their refusal reports
 
     @classmethod
     async def create(cls, nc: NATS, js: JetStreamContext, settings: Settings, audit: AuditLog,
@@ -246,17 +253,10 @@ class Dispatcher:
         subscriber (``remediator.consumers``), which calls it for one node's messages in order."""
         error: BaseException | None = None
         try:
-            try:
-                event = FaultEvent.model_validate_json(msg.data)
-            except ValidationError as exc:
-                raise PermanentError(f"not a FaultEvent v1: {exc.errors()[0]['msg']}") from exc
-            with span("dispatch", msg.headers) as sp:
-                refusal = subject_mismatch(msg.subject, event)
-                if refusal is not None:  # audited and acked: a redelivery would say the same
-                    await self._audit.bind(AuditContext.of_event(event, trace_id_of(sp))).append(
-                        "event_ignored", refusal, after={"subject": msg.subject, "refused": "subject_mismatch"})
-                else:
-                    await self.handle(event, trace_id=trace_id_of(sp), traceparent=traceparent_of(sp))
+            if (msg.headers or {}).get(reports.REPORT_HEADER) == reports.REFUSALS_KIND:
+                await self._record_refusals(msg)  # an agent's refusal report, not an event
+            else:
+                await self._on_event(msg)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # mapped to ack/nak/term by settle, the one place that decides
@@ -266,6 +266,49 @@ class Dispatcher:
                                nak_delay=self._settings.nak_delay_s, dead_letter=self._dead_letter)
         if outcome == "term":
             self.stats.dead_lettered += 1
+
+    async def _on_event(self, msg: Msg) -> None:
+        try:
+            event = FaultEvent.model_validate_json(msg.data)
+        except ValidationError as exc:
+            raise PermanentError(f"not a FaultEvent v1: {exc.errors()[0]['msg']}") from exc
+        with span("dispatch", msg.headers) as sp:
+            refusal = subject_mismatch(msg.subject, event)
+            if refusal is not None:  # audited and acked: a redelivery would say the same
+                await self._audit.bind(AuditContext.of_event(event, trace_id_of(sp))).append(
+                    "event_ignored", refusal, after={"subject": msg.subject, "refused": "subject_mismatch"})
+            else:
+                await self.handle(event, trace_id=trace_id_of(sp), traceparent=traceparent_of(sp))
+
+    async def _record_refusals(self, msg: Msg) -> None:
+        """Audit an agent's refusal report (``remediator.identity.reports``): one ``command_refused`` record
+        per reason on the node's chain when the report arrived on ``faults.agent.<its node>`` and that node's
+        announced agent key signed it; otherwise one ``event_ignored`` record (``after.refused``:
+        ``subject_mismatch``, ``unverified_report`` or ``malformed_report``). Reading the key may fail
+        (the bus is away): the delivery is then retried like any other."""
+        parts = msg.subject.split(".")
+        node = node_from_token(parts[-1])
+        if self._agent_keys is None:
+            self._agent_keys = AgentKeys(self._nc, cache_s=self._settings.agent_key_cache_s)
+        try:
+            if len(parts) != 3 or parts[:2] != ["faults", "agent"]:
+                raise reports.ReportRefused("subject_mismatch", f"a refusal report on {msg.subject}: only an "
+                                                                "agent's own faults.agent.<node> carries one")
+            report = reports.verify(msg.data, await self._agent_keys.key(node, fresh=True))
+            if report.node != node:
+                raise reports.ReportRefused("subject_mismatch", f"refusal report for node {report.node} on "
+                                                                f"{msg.subject}: an agent speaks only for its own node")
+        except reports.ReportRefused as e:
+            await self._audit.append(node, "event_ignored", str(e), after={"subject": msg.subject, "refused": e.code})
+            return
+        for reason, r in sorted(report.refusals.items()):
+            await self._audit.append(
+                node, "command_refused",
+                f"the agent on {node} refused {r.count} command(s): {reason} (last: {r.last_verb or '?'} "
+                f"{r.last_id[:120]}: {r.last_detail[:200]})",
+                after={"refused": reason, "count": r.count, "last_verb": r.last_verb, "last_command_id": r.last_id,
+                       "last_detail": r.last_detail, "since": report.since.isoformat(),
+                       "until": report.until.isoformat(), "report": report.id, "signer": report.signer})
 
     async def _audit_dead_letter(self, msg: Msg, reason: str, subject: str) -> None:
         """Audit a FAULTS message moved to the dead letters: with the event's provenance and trace when the

@@ -37,7 +37,7 @@ async def fault_events(js: JetStreamContext, node: str) -> list[FaultEvent]:
     out = []
     for seq in range(info.state.first_seq or 1, info.state.last_seq + 1):
         msg = await js.get_msg(FAULTS_STREAM, seq)
-        if msg.subject == subject:
+        if msg.subject == subject and "Remediator-Report" not in (msg.headers or {}):  # events, not reports
             out.append(FaultEvent.model_validate_json(msg.data or b""))
     return out
 
