@@ -3,7 +3,9 @@
 Where it sits: between the simulated cluster (``chaos.sim``: the API server's store) and the simulated GPU
 nodes (``chaos.sim.gpu_node``), for ``chaos.world`` (a drill's world) and ``remediator sim``. A real node
 learns its pods from the kubelet and their GPU processes from the device allocation; here ``mirror_pods``
-lays that out once at the start, and ``Kubelet`` follows the API server's changes afterwards.
+lays that out once at the start (and, for a ``SimFleet``, serves each node's kubelet PodResources socket
+from the cluster: ``chaos.sim.podresources_server``), and ``Kubelet`` follows the API server's changes
+afterwards.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 from chaos.sim.cluster import ClusterState
 from chaos.sim.gpu_node import GIB, SimFleet, SimGpuNode
+from chaos.sim.gpu_operator import holds_all_gpus
 from remediator.contracts import resolve_job
 
 
@@ -38,12 +41,13 @@ def gpu_indices(cluster: ClusterState, pod: dict[str, Any]) -> set[int]:
 
 
 def mirror_pods(cluster: ClusterState, fleet: SimFleet | Mapping[str, SimGpuNode]) -> None:
-    """What the kubelet knows on each simulated node: its pods, and the training pods' GPU processes."""
+    """What the kubelet knows on each simulated node: its pods, and the training pods' GPU processes; for a
+    ``SimFleet``, also each node's PodResources socket, served from ``cluster`` (``serve_pod_resources``)."""
     nodes = fleet.nodes if isinstance(fleet, SimFleet) else fleet
     pid = 20_000
     for node in cluster.node_names():
         sim = nodes[node]
-        cluster.attach_gpu_node(node, sim)  # device health and the kubelet's allocation (PodResources view)
+        cluster.attach_gpu_node(node, sim)  # device health as the device plugin reports it
         for pod in cluster.pods_on(node):
             meta = pod["metadata"]
             uid = sim.add_pod(meta["name"], namespace=meta["namespace"], uid=meta["uid"], job=pod_job(pod),
@@ -51,12 +55,27 @@ def mirror_pods(cluster: ClusterState, fleet: SimFleet | Mapping[str, SimGpuNode
             for index in sorted(gpu_indices(cluster, pod)):
                 pid += 1
                 sim.add_process(index, pid, 30 * GIB, uid)
+            open_all_gpus(sim, pod)
+    if isinstance(fleet, SimFleet):
+        fleet.serve_pod_resources(cluster)
+
+
+def open_all_gpus(sim: SimGpuNode, pod: dict[str, Any]) -> None:
+    """A pod the container runtime gives every GPU (``NVIDIA_VISIBLE_DEVICES=all``: the GPU Operator's operands,
+    ``chaos.sim.gpu_operator``) holds each GPU open: one small process per GPU with the pod's UID."""
+    if not holds_all_gpus(pod):
+        return
+    uid = pod["metadata"]["uid"]
+    base = 40_000 + (int(uid.replace("-", "")[:8], 16) % 2_000) * 16
+    for index in range(sim.gpu_count()):
+        sim.add_process(index, base + index, 64 << 20, uid)
 
 
 class Kubelet:
     """The simulated nodes' kubelets, following the API server: a pod that is deleted or evicted stops (its
     GPU processes exit, then the node forgets the pod); a pod newly bound to a node is known to it (it holds
-    no GPU memory: the simulation does not run workloads)."""
+    no GPU memory: the simulation does not run workloads, except a restarted pod of a job whose process
+    leaked on that node, which runs again at the job's baseline: ``SimGpuNode.start_restarted``)."""
 
     def __init__(self, cluster: ClusterState, fleet: SimFleet, since_rv: int) -> None:
         self.cluster = cluster
@@ -81,9 +100,13 @@ class Kubelet:
                             if proc.get("pod_uid") == meta["uid"]:
                                 sim.remove_process(int(pid))
                     sim.delete_pod(meta["uid"])
-            elif not known:
-                sim.add_pod(meta["name"], namespace=meta["namespace"], uid=meta["uid"], rank=pod_rank(ev.obj),
-                            job=pod_job(ev.obj))
+            else:
+                if not known:
+                    sim.add_pod(meta["name"], namespace=meta["namespace"], uid=meta["uid"], rank=pod_rank(ev.obj),
+                                job=pod_job(ev.obj))
+                    open_all_gpus(sim, ev.obj)
+                # a new pod of a job whose process leaked here runs at the job's baseline (gpu_node.leak_memory)
+                sim.start_restarted(meta["uid"], sorted(gpu_indices(self.cluster, ev.obj)))
 
     async def run(self, every_s: float = 0.1) -> None:
         while True:

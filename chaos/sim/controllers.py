@@ -5,14 +5,23 @@ Where it sits: on the ``Store``, driven synchronously by every write (``reconcil
 effect as soon as its request returns. ``reconcile`` drains the work ``Store.commit`` marked (``Dirty``)
 in a fixed order until nothing is left (bounded): the taint manager, the owners that lost pods, the
 DaemonSet pods per node, the scheduler (``scheduler``), owner status, PodDisruptionBudget status
-(``disruption``); then the restart count of every job whose pods it recreated, and the allocation the
-kubelets publish to the simulated GPU nodes (``kubelet``). The apps/v1 workload controllers are in
+(``disruption``); then the restart count of every job whose pods it recreated. The apps/v1 workload controllers are in
 ``workloads``.
 
 - Job controller: a pod owned by a Job or PyTorchJob that is deleted or evicted is replaced (Job pods get
   a fresh ``<job>-<5 chars>`` name, PyTorchJob pods keep ``<job>-<replica type>-<index>``); each pass that
   recreates pods of a job that ran before bumps its ``sim.gpu-remediator.io/restarts`` annotation.
-- DaemonSet controller: a deleted DaemonSet pod comes back on its node (if the node still tolerates it).
+- DaemonSet controller: a deleted DaemonSet pod comes back on its node (if the node still tolerates it); a
+  node whose labels stop matching the DaemonSet's ``nodeSelector`` loses its pod, and gets one back when
+  they match again (how the GPU Operator's ``nvidia.com/gpu.deploy.<operand>`` labels move operands).
+- ``Reboots``: the nodes' boot ids. An attached simulated GPU node's boot id is the node's
+  ``status.nodeInfo.bootID``; when it changes (the node rebooted) the node is NotReady for ``down_s`` on
+  the store's clock, then Ready with the new boot id. Two simulated reboot controllers act as real ones
+  would: a node-repair controller that reboots a node once per new value of its ``annotation``
+  (``gpu-remediator.io/reboot-requested`` unless set otherwise), and the kubelet running a pod that can
+  reboot its host (``hostPID``, a privileged container whose command ends in ``reboot``, e.g. ``nsenter -t 1
+  -m -- systemctl reboot``), which reboots the node once per such pod. A pod without those privileges
+  reboots nothing.
 - Taint manager: a new NoExecute taint deletes the pods on the node that do not tolerate it.
 - Graceful deletion (``Store.graceful``): deleting a bound, running pod marks it terminating
   (``deletionTimestamp``, ``deletionGracePeriodSeconds``) until the clock passes its deadline.
@@ -21,7 +30,8 @@ kubelets publish to the simulated GPU nodes (``kubelet``). The apps/v1 workload 
 from __future__ import annotations
 
 import copy
-from datetime import timedelta
+import uuid
+from datetime import datetime, timedelta
 
 from chaos.sim.disruption import Disruption
 from chaos.sim.kubelet import Kubelets
@@ -59,11 +69,13 @@ class Controllers:
         self.kubelets = kubelets
         self.disruption = disruption
         self.workloads = Workloads(store, self)
+        self.reboots = Reboots(store, kubelets)
 
     def tick(self) -> None:
-        """Finish due graceful deletions and take in the GPU nodes' device health, running the controllers
-        when either changed anything."""
-        if self.kubelets.poll() or self.s.terminating:
+        """Finish due graceful deletions, take in the GPU nodes' device health and boot ids, running the
+        controllers when any changed anything."""
+        rebooted = self.reboots.poll()
+        if self.kubelets.poll() or self.s.terminating or rebooted:
             self.reconcile()
 
     def expire_terminating(self) -> None:
@@ -136,7 +148,6 @@ class Controllers:
             ann[RESTARTS_ANNOTATION] = str(int(ann.get(RESTARTS_ANNOTATION, "0")) + 1)
             self.s.put(BY_PLURAL[plural], {**owner, "metadata": {**owner["metadata"], "annotations": ann}})
         self.s.dirty.status.clear()
-        self.kubelets.publish()
 
     def taint_manager(self, node_name: str) -> None:
         node = self.s.obj("nodes", "", node_name)
@@ -283,12 +294,20 @@ class Controllers:
         if ds is None or node is None:
             return
         uid = ds["metadata"]["uid"]
-        if any(key in self.s.pods_by_owner.get(uid, {}) for key in self.s.pods_by_node.get(node_name, {})):
-            return
         template = ds["spec"]["template"]
         selector = template.get("spec", {}).get("nodeSelector") or {}
         labels = node["metadata"].get("labels") or {}
-        if any(labels.get(k) != v for k, v in selector.items()):
+        wanted = all(labels.get(k) == v for k, v in selector.items())
+        mine = [key for key in self.s.pods_by_node.get(node_name, {}) if key in self.s.pods_by_owner.get(uid, {})]
+        if mine:
+            if not wanted:  # the node no longer matches the DaemonSet's nodeSelector: its pod goes
+                for key in mine:
+                    pod = self.s.obj("pods", *key)
+                    if pod is not None and not is_terminating(pod):
+                        self.delete_pod(pod)
+                self.s.dirty.status.add(("daemonsets", ns, ds_name))
+            return
+        if not wanted:
             return
         tolerations = template.get("spec", {}).get("tolerations") or []
         if not all(tolerates(tolerations, t) for t in blocking_taints(node)):
@@ -381,3 +400,122 @@ class Controllers:
         labels = node["metadata"].get("labels") or {}
         return all(labels.get(k) == v for k, v in selector.items())
 
+
+
+REBOOT_ANNOTATION = "gpu-remediator.io/reboot-requested"
+
+
+def reboots_host(pod: Obj) -> bool:
+    """Whether a running pod can and does reboot its node: host PID namespace, a privileged container, and
+    a command whose last word is ``reboot`` (``systemctl reboot``, ``nsenter ... reboot``)."""
+    spec = pod.get("spec") or {}
+    if not spec.get("hostPID"):
+        return False
+    for c in spec.get("containers") or []:
+        privileged = bool((c.get("securityContext") or {}).get("privileged"))
+        argv = [str(a) for a in (c.get("command") or []) + (c.get("args") or [])]
+        if privileged and argv and argv[-1].rsplit("/", 1)[-1] == "reboot":
+            return True
+    return False
+
+
+class Reboots:
+    """Boot ids of the nodes, and the simulated reboots (see the module docstring). Lock held by the caller."""
+
+    def __init__(self, store: Store, kubelets: Kubelets, *, down_s: float = 1.0) -> None:
+        self.s = store
+        self.kubelets = kubelets
+        self.down_s = down_s
+        self.annotation = REBOOT_ANNOTATION
+        self._down: dict[str, tuple[str, datetime]] = {}      # node -> (new boot id, Ready again at)
+        self._manual: dict[str, str] = {}                     # node without a GPU node -> its new boot id
+        self._handled: dict[str, str] = {}                    # node -> annotation value last acted on
+        self._reboot_pods: set[str] = set()                   # uids of pods that rebooted their node
+        self.count: dict[str, int] = {}
+
+    def adopt(self, node_name: str) -> None:
+        """At attach: the node reports its GPU node's boot id (no reboot implied)."""
+        view = self.kubelets._views.get(node_name)
+        boot = getattr(view, "boot_id", None)
+        node = self.s.obj("nodes", "", node_name)
+        if node is None or not boot:
+            return
+        status = node.get("status") or {}
+        self.s.commit(BY_PLURAL["nodes"], {**node, "status": {**status, "nodeInfo": {
+            **(status.get("nodeInfo") or {}), "bootID": boot}}}, "MODIFIED")
+
+    def reboot(self, node_name: str) -> None:
+        """Reboot ``node_name``: its attached GPU node when it has one, else the node alone (new boot id)."""
+        view = self.kubelets._views.get(node_name)
+        if view is not None and hasattr(view, "reboot"):
+            view.reboot()
+        else:
+            self._manual[node_name] = str(uuid.UUID(int=self.s.rng.getrandbits(128), version=4))
+
+    def _boot_of(self, node_name: str) -> str | None:
+        if node_name in self._manual:
+            return self._manual[node_name]
+        view = self.kubelets._views.get(node_name)
+        boot = getattr(view, "boot_id", None)
+        return str(boot) if boot else None
+
+    def _requested(self) -> None:
+        """The node-repair controller and the kubelets' reboot pods."""
+        for name in list(self.s.node_order):
+            node = self.s.obj("nodes", "", name)
+            if node is None:
+                continue
+            value = (node["metadata"].get("annotations") or {}).get(self.annotation) or ""
+            if value and value != self._handled.get(name):
+                self._handled[name] = value
+                self.reboot(name)
+            elif not value:
+                self._handled.pop(name, None)
+            for key in list(self.s.pods_by_node.get(name, {})):
+                pod = self.s.obj("pods", *key)
+                if pod is None or pod["metadata"]["uid"] in self._reboot_pods or is_terminal(pod):
+                    continue
+                if (pod.get("status") or {}).get("phase") == "Running" and reboots_host(pod):
+                    self._reboot_pods.add(pod["metadata"]["uid"])
+                    self.reboot(name)
+
+    def poll(self) -> bool:
+        """Act on reboot requests, then move each node whose boot id changed through NotReady to Ready with
+        the new boot id. True when a node changed."""
+        self._requested()
+        now = self.s.clock()
+        changed = False
+        for name in list(self.s.node_order):
+            node = self.s.obj("nodes", "", name)
+            boot = self._boot_of(name)
+            if node is None or not boot:
+                continue
+            status = node.get("status") or {}
+            reported = (status.get("nodeInfo") or {}).get("bootID")
+            down = self._down.get(name)
+            if down is None and boot != reported:
+                self._down[name] = (boot, now + timedelta(seconds=self.down_s))
+                self._set(node, ready=False, boot=None)
+                self.count[name] = self.count.get(name, 0) + 1
+                changed = True
+            elif down is not None and now >= down[1]:
+                del self._down[name]
+                self._manual.pop(name, None)
+                self._set(node, ready=True, boot=boot)
+                changed = True
+        return changed
+
+    def _set(self, node: Obj, *, ready: bool, boot: str | None) -> None:
+        status = dict(node.get("status") or {})
+        ts = self.s.ts()
+        conds = [dict(c) for c in status.get("conditions") or []]
+        for c in conds:
+            if c.get("type") == "Ready":
+                c.update({"status": "True" if ready else "False",
+                          "reason": "KubeletReady" if ready else "KubeletNotReady",
+                          "message": "kubelet is posting ready status" if ready else "node is rebooting",
+                          "lastTransitionTime": ts, "lastHeartbeatTime": ts})
+        status["conditions"] = conds
+        if boot is not None:
+            status["nodeInfo"] = {**(status.get("nodeInfo") or {}), "bootID": boot}
+        self.s.commit(BY_PLURAL["nodes"], {**node, "status": status}, "MODIFIED")

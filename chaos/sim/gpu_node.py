@@ -20,16 +20,27 @@ Layout under ``root``::
 The node's kubelet side: attached to a simulated cluster (``ClusterState.attach_gpu_node``), the node
 reports its drained (isolated) and lost GPUs as unhealthy devices, as the NVIDIA device plugin would, so
 the simulated device manager never assigns them; and it keeps the device allocation the cluster's
-kubelet hands it (``pod_resources`` in ``state.json``: the PodResources ``List`` view, device IDs being
-GPU UUIDs), from which ``gpu_holders`` tells the agent which pods hold a GPU (``PodResourcesView``). A
-node that was never attached has no allocation, and ``gpu_holders`` says it cannot tell (None).
+kubelet hands out is the cluster's (``ClusterState.pod_resources``), which the simulated kubelet serves over
+the PodResources gRPC API on a socket per node (``chaos.sim.podresources_server``, ``SimFleet``): the agent
+reads it there with its real client, as on a real node. Nothing of the allocation is kept here.
 
 Several processes may open the same root (an agent started by ``remediator agent --sim-gpus`` and an
 injector in a test or drill): every change is a read-modify-write of ``state.json`` under an exclusive
 ``flock``. ``SimFleet`` runs N simulated nodes and their agents in one process (the demo runs 8).
 
 Injectors: ``inject_xid``, ``fall_off_bus``, ``set_ecc``, ``add_process``, ``orphan``, ``add_pod`` /
-``delete_pod``, ``pod_log``, ``nccl_timeout``, ``set_thermal``, ``set_unsupported``.
+``delete_pod``, ``pod_log``, ``nccl_timeout``, ``set_thermal``, ``set_unsupported``, ``set_reset_outcome``
+(the next resets of a GPU fail, bring back another UUID, or leave page retirement pending),
+``set_reboot_outcome`` (a reboot command that runs but never reboots), ``leak_memory`` (a pod's process whose
+memory grows every second; once its job is restarted, the new pod's processes run at the job's baseline again:
+``start_restarted``, which the simulated kubelet calls for each pod it runs).
+
+The reset as the driver does it (``GpuControl`` and ``HostRunner.reset_gpu``): refused while any process
+holds the GPU (``nvidia-smi`` says "in use"), and while persistence mode is on (on by default, as the GPU
+Operator's driver container runs ``nvidia-persistenced``, which holds the device open); persistence mode is
+read and set per GPU, and ``identity_at`` says which UUID answers at a PCI address. A reboot gives the node
+a new boot id (which the attached simulated cluster's node reports as ``status.nodeInfo.bootID`` once the
+node is Ready again), and clears the GPUs' processes and volatile state.
 """
 
 from __future__ import annotations
@@ -39,6 +50,7 @@ import fcntl
 import json
 import os
 import shutil
+import tempfile
 import threading
 import time
 import uuid as uuidlib
@@ -49,9 +61,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from chaos.sim.podresources_server import SOCKET_NAME as POD_RESOURCES_SOCKET
+from chaos.sim.podresources_server import PodResourcesServers
+from remediator.adapters.podresources import MAX_UNIX_PATH_BYTES
 from remediator.agent.host import (
     EccCounts,
-    GpuHolder,
     GpuIdentity,
     GpuProcess,
     GpuSnapshot,
@@ -94,6 +108,19 @@ _HW_XIDS = frozenset({48, 63, 64, 74, 79, 92, 94, 95, 119, 120})
 
 def _pod_uid(namespace: str, name: str) -> str:
     return str(uuidlib.uuid5(_NS, f"pod/{namespace}/{name}"))
+
+
+def _process_bytes(p: dict[str, Any], now: float) -> int:
+    """A process's GPU memory now: what it holds, plus what it leaked since ``leak_memory``."""
+    growth = p.get("growth")
+    if not growth:
+        return int(p["bytes"])
+    return int(p["bytes"]) + int(growth["per_s"] * max(0.0, now - float(growth["since"])))
+
+
+def _workload(pod: dict[str, Any]) -> str:
+    """What a restart brings back: the pod's job, else the pod itself by namespace and name."""
+    return str(pod.get("job") or f"pod:{pod['namespace']}/{pod['name']}")
 
 
 class SimGpuNode:
@@ -142,6 +169,8 @@ class SimGpuNode:
             "kmsg_seq": 0,
             "reboots": 0,
             "reboot_hook": reboot_hook,
+            "reboot_outcome": None,
+            "bug_reports": 0,
             "health_command": None,
             "xid_events": [],
             "pods": {},
@@ -168,6 +197,8 @@ class SimGpuNode:
             "processes": {},
             "identity_printed": False,
             "unsupported": [],
+            "persistence": True,
+            "reset_outcome": None,
         }
 
     def _load_if_changed(self) -> None:
@@ -384,15 +415,18 @@ class SimGpuNode:
             g["processes"][str(pid)] = {"bytes": used_bytes, "pod_uid": pod_uid, "visible": visible,
                                         "unkillable": unkillable}
         if visible:
-            d = self.proc_root / str(pid)
-            d.mkdir(parents=True, exist_ok=True)
-            if pod_uid:
-                slug = pod_uid.replace("-", "_")
-                cgroup = (f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{slug}.slice/"
-                          f"cri-containerd-{uuidlib.uuid5(_NS, f'ctr/{pid}').hex}.scope\n")
-            else:
-                cgroup = "0::/system.slice/nvidia-persistenced.service\n"
-            atomic_write(d / "cgroup", cgroup.encode())
+            self._write_cgroup(pid, pod_uid)
+
+    def _write_cgroup(self, pid: int, pod_uid: str | None) -> None:
+        d = self.proc_root / str(pid)
+        d.mkdir(parents=True, exist_ok=True)
+        if pod_uid:
+            slug = pod_uid.replace("-", "_")
+            cgroup = (f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{slug}.slice/"
+                      f"cri-containerd-{uuidlib.uuid5(_NS, f'ctr/{pid}').hex}.scope\n")
+        else:
+            cgroup = "0::/system.slice/nvidia-persistenced.service\n"
+        atomic_write(d / "cgroup", cgroup.encode())
 
     def orphan(self, i: int, pid: int, used_bytes: int, *, unkillable: bool = False) -> str:
         """A process holding ``used_bytes`` on GPU ``i`` whose pod no longer exists; returns that pod's UID."""
@@ -405,6 +439,61 @@ class SimGpuNode:
             for g in st["gpus"]:
                 g["processes"].pop(str(pid), None)
         shutil.rmtree(self.proc_root / str(pid), ignore_errors=True)
+
+    # --- memory growth: a leaking job, and its restart ------------------------------------------------
+
+    def leak_memory(self, i: int, pod: str, *, bytes_per_s: int) -> int:
+        """``pod``'s process on GPU ``i`` starts leaking: from now on NVML reports it ``bytes_per_s`` larger
+        each second. Its use now is the job's baseline: when the job is restarted, the new pod's processes
+        (``start_restarted``) run at that use again, and stay there. Returns the leaking PID."""
+        with self._mutate() as st:
+            uid = self._pod_uid_in(st, pod)
+            g = self._gpu(st, i)
+            found = [(pid, p) for pid, p in g["processes"].items() if p.get("pod_uid") == uid]
+            if not found:
+                raise ValueError(f"pod {pod} runs no process on GPU {i} of {self.name}")
+            pid, proc = found[0]
+            proc["growth"] = {"per_s": int(bytes_per_s), "since": self.clock()}
+            st.setdefault("restart_memory", {})[_workload(st["pods"][uid])] = int(proc["bytes"])
+        return int(pid)
+
+    def start_restarted(self, pod_uid: str, gpus: Sequence[int]) -> list[int]:
+        """The kubelet runs pod ``pod_uid`` on ``gpus``: when it is a new pod of a job whose process leaked on
+        this node (``leak_memory``), its process starts on each of those GPUs at the job's baseline use.
+        A pod that already runs a process, or of another job, is left alone. Returns the PIDs started."""
+        st0 = self._current()
+        p0 = st0["pods"].get(pod_uid)
+        if (not gpus or p0 is None or p0.get("restarted")
+                or _workload(p0) not in st0.get("restart_memory", {})):
+            return []  # the common case, read-only: no lock, no write
+        started: list[int] = []
+        with self._mutate() as st:
+            p = st["pods"].get(pod_uid)
+            if p is None or p.get("restarted") or any(
+                    q.get("pod_uid") == pod_uid for g in st["gpus"] for q in g["processes"].values()):
+                return []
+            base = int(st["restart_memory"][_workload(p)])
+            for i in gpus:
+                pid = 40_000 + uuidlib.uuid5(_NS, f"proc/{pod_uid}/{i}").int % 20_000
+                self._gpu(st, i)["processes"][str(pid)] = {"bytes": base, "pod_uid": pod_uid, "visible": True,
+                                                           "unkillable": False}
+                started.append(pid)
+            p["restarted"] = True
+        for pid in started:
+            self._write_cgroup(pid, pod_uid)
+        return started
+
+    def leak_baselines(self) -> dict[str, int]:
+        """Each leaked workload's baseline use (job, else ``pod:<ns>/<name>``), as ``leak_memory`` found it."""
+        return {str(k): int(v) for k, v in self._current().get("restart_memory", {}).items()}
+
+    def _pod_uid_in(self, st: dict[str, Any], pod: str) -> str:
+        if pod in st["pods"]:
+            return pod
+        for uid, p in st["pods"].items():
+            if p["name"] == pod:
+                return str(uid)
+        raise ValueError(f"no pod {pod!r} on {self.name}")
 
     # --- container logs ------------------------------------------------------------------------------
 
@@ -455,7 +544,8 @@ class SimGpuNode:
         if g["lost"]:
             return GpuSnapshot(identity=ident, lost=True)
         un = set(g.get("unsupported", []))
-        procs = tuple(GpuProcess(pid=int(pid), used_bytes=int(p["bytes"])) for pid, p in g["processes"].items())
+        procs = tuple(GpuProcess(pid=int(pid), used_bytes=_process_bytes(p, self.clock()))
+                      for pid, p in g["processes"].items())
         used = sum(p.used_bytes or 0 for p in procs)
         e = g["ecc"]
         snap = GpuSnapshot(
@@ -520,21 +610,76 @@ class SimGpuNode:
         return RunResult(True, f"nvidia-smi drain -p {g['pci']} -m 0: GPU {gpu.index} undrained (simulated)")
 
     async def reset_gpu(self, gpu: GpuIdentity) -> RunResult:
+        target = gpu.uuid or gpu.pci_bus_id
+        shown = f"nvidia-smi --gpu-reset -i {target}"
         with self._mutate() as st:
-            g = self._gpu(st, gpu.index)
+            found = [g for g in st["gpus"] if target in (g["uuid"], g["pci"])]
+            if target is None or not found:
+                return RunResult(False, f"{shown}: exit 6: No devices were found")
+            g = found[0]
             if g["lost"]:
-                return RunResult(False, f"nvidia-smi --gpu-reset -i {gpu.index}: GPU is lost")
+                return RunResult(False, f"{shown}: exit 15: GPU is lost")
             if g["processes"]:
-                return RunResult(False, f"nvidia-smi --gpu-reset -i {gpu.index}: GPU in use by processes "
-                                        f"{', '.join(g['processes'])}")
+                return RunResult(False, f"{shown}: exit 255: GPU {g['pci']} is currently in use by another "
+                                        f"process (pid {', '.join(g['processes'])})")
+            if g.get("persistence", True):
+                return RunResult(False, f"{shown}: exit 255: GPU {g['pci']} is in use by another client "
+                                        "(nvidia-persistenced holds it while persistence mode is on)")
+            outcome = g.get("reset_outcome")
+            if outcome == "fail":
+                return RunResult(False, f"{shown}: exit 255: Unable to reset GPU {g['pci']}: Unknown Error "
+                                        "(simulated: the GPU did not come back from the reset)")
             g["reset_count"] += 1
             g["ecc"]["sbe_volatile"] = g["ecc"]["dbe_volatile"] = 0
             if g["remap"]["pending"]:
                 g["remap"]["pending"] = False
-            g["retired_pending"] = False
+            g["retired_pending"] = outcome == "retired_pending"
             g["throttle"] = 0
-        return RunResult(True, f"nvidia-smi --gpu-reset -i {gpu.index}: GPU {gpu.index} reset (simulated, "
-                               f"reset #{g['reset_count']})")
+            if outcome == "new_uuid":
+                seed = f"gpu/{self.name}/{g['index']}/{g['reset_count']}"
+                g["uuid"] = f"GPU-{uuidlib.uuid5(_NS, seed)}"
+        return RunResult(True, f"{shown}: GPU {g['pci']} was successfully reset (simulated, reset "
+                               f"#{g['reset_count']})")
+
+    # --- GpuControl ----------------------------------------------------------------------------------
+
+    def persistence_mode(self, index: int) -> bool | None:
+        g = self._gpu(self._current(), index)
+        return None if g["lost"] else bool(g.get("persistence", True))
+
+    def set_persistence_mode(self, index: int, enabled: bool) -> str | None:
+        with self._mutate() as st:
+            g = self._gpu(st, index)
+            if g["lost"]:
+                return f"nvmlDeviceSetPersistenceMode(GPU {index}): NVML_ERROR_GPU_IS_LOST"
+            g["persistence"] = enabled
+        return None
+
+    def identity_at(self, pci_bus_id: str) -> GpuIdentity | None:
+        for g in self._current()["gpus"]:
+            if g["pci"] == pci_bus_id:
+                return None if g["lost"] else GpuIdentity(index=int(g["index"]), uuid=g["uuid"], pci_bus_id=g["pci"])
+        return None
+
+    def set_reset_outcome(self, i: int, outcome: str | None) -> None:
+        """What the next resets of GPU ``i`` do: ``fail`` (nvidia-smi reports an error, nothing changes),
+        ``new_uuid`` (another UUID answers at the PCI address afterwards), ``retired_pending`` (page
+        retirement still pending afterwards), None (a good reset)."""
+        if outcome not in (None, "fail", "new_uuid", "retired_pending"):
+            raise ValueError(f"unknown reset outcome {outcome!r}")
+        with self._mutate() as st:
+            self._gpu(st, i)["reset_outcome"] = outcome
+
+    def set_reboot_outcome(self, outcome: str | None) -> None:
+        """``ignored``: the reboot command runs and says so, but the node never reboots (same boot id)."""
+        if outcome not in (None, "ignored"):
+            raise ValueError(f"unknown reboot outcome {outcome!r}")
+        with self._mutate() as st:
+            st["reboot_outcome"] = outcome
+
+    @property
+    def bug_reports(self) -> int:
+        return int(self._current().get("bug_reports", 0))
 
     async def kill_process(self, pid: int) -> RunResult:
         survived = False
@@ -559,6 +704,13 @@ class SimGpuNode:
     async def reboot_node(self) -> RunResult | None:
         if not self._current().get("reboot_hook"):
             return None
+        return self.reboot()
+
+    def reboot(self) -> RunResult:
+        """The node reboots (new boot id, GPUs' volatile state and processes gone), unless its reboot outcome
+        is ``ignored``: then the command "ran" and nothing happened."""
+        if self._current().get("reboot_outcome") == "ignored":
+            return RunResult(True, f"{self.name}: reboot command ran (simulated; the node does not reboot)")
         with self._mutate() as st:
             st["reboots"] += 1
             self._new_boot(st)
@@ -574,13 +726,19 @@ class SimGpuNode:
         self.proc_root.mkdir(parents=True, exist_ok=True)
         return RunResult(True, f"{self.name} rebooted (simulated, reboot #{st['reboots']})")
 
+    async def bug_report(self) -> RunResult | None:
+        with self._mutate() as st:
+            st["bug_reports"] = int(st.get("bug_reports", 0)) + 1
+            n = st["bug_reports"]
+        return RunResult(True, f"nvidia-bug-report.sh (simulated): wrote nvidia-bug-report.log.gz (report #{n})")
+
     async def health_command(self) -> RunResult | None:
         hc = self._current().get("health_command")
         if not hc:
             return None
         return RunResult(bool(hc["ok"]), f"dcgmi diag -r 1 (simulated): {hc.get('detail') or 'Pass'}")
 
-    # --- the kubelet's device plugin and PodResources view --------------------------------------------
+    # --- the kubelet's device plugin ------------------------------------------------------------------
 
     def unhealthy_devices(self) -> set[int]:
         """GPU indices the device plugin reports unhealthy: drained by ``isolate_gpu`` or lost."""
@@ -589,32 +747,6 @@ class SimGpuNode:
     def device_ids(self) -> list[str]:
         """The device plugin's device IDs, in index order: the GPU UUIDs."""
         return [str(g["uuid"]) for g in self._current().get("gpus", [])]
-
-    def write_pod_resources(self, pods: Sequence[dict[str, Any]]) -> None:
-        """Keep the kubelet's device allocation for this node (PodResources ``List`` entries)."""
-        with self._mutate() as st:
-            st["pod_resources"] = json.loads(json.dumps(list(pods)))
-
-    def pod_resources(self) -> list[dict[str, Any]] | None:
-        """The allocation the kubelet last handed this node; None if it never did."""
-        pr = self._current().get("pod_resources")
-        return None if pr is None else list(pr)
-
-    def gpu_holders(self, gpu: GpuIdentity) -> tuple[GpuHolder, ...] | None:
-        """The containers the kubelet allocated ``gpu`` to (joined on the GPU UUID); None when this node
-        was never given an allocation (not attached to a simulated cluster)."""
-        st = self._current()
-        pods = st.get("pod_resources")
-        if pods is None:
-            return None
-        uuid = self._gpu(st, gpu.index)["uuid"]
-        holders: list[GpuHolder] = []
-        for pod in pods:
-            for c in pod.get("containers", []):
-                if any(uuid in d.get("device_ids", []) for d in c.get("devices", [])):
-                    holders.append(GpuHolder(namespace=str(pod["namespace"]), name=str(pod["name"]),
-                                             uid=pod.get("uid"), container=str(c.get("name", ""))))
-        return tuple(holders)
 
     # --- PodView -------------------------------------------------------------------------------------
 
@@ -634,6 +766,7 @@ def sim_agent_config(node: SimGpuNode, *, nats_url: str, state_dir: Path | str |
         "nats_url": nats_url,
         "kmsg_path": str(node.kmsg_path),
         "pod_logs_dir": node.pod_logs_dir,
+        "kubelet_pods_dir": node.kubelet_pods_dir,
         "boot_id_path": str(node.boot_id_path),
     }
     values.update(overrides)
@@ -664,6 +797,11 @@ class SimFleet:
 
     ``agent_options`` are ``AgentConfig`` fields for every agent (e.g. ``nvml_interval_s=1.0``);
     ``agent_creds`` each node's agent ``.creds`` file (node → path).
+
+    Each agent reads its node's kubelet PodResources socket, ``<root>/<node>/pod-resources.sock`` (in a short
+    private directory instead where that path is over the 107-byte limit of a unix socket address), which
+    ``serve_pod_resources`` serves from a simulated cluster (``chaos.kubelet.mirror_pods`` does it). Until
+    then the socket does not exist, and the agents say they cannot tell who holds a GPU.
     """
 
     def __init__(self, root: Path | str, nodes: Sequence[str] | int, *, nats_url: str, gpus: int = 8,
@@ -673,9 +811,30 @@ class SimFleet:
         self.root = Path(root)
         self.nodes: dict[str, SimGpuNode] = {
             n: SimGpuNode(self.root / n, name=n, gpus=gpus, clock=clock) for n in names}
+        self._short: tempfile.TemporaryDirectory[str] | None = None
+        self.sockets: dict[str, Path] = {n: self._socket_path(n) for n in names}
         self.agents: dict[str, Agent] = {
-            n: sim_agent(node, nats_url=nats_url, **(agent_options or {}), **_identity(n, agent_creds))
+            n: sim_agent(node, nats_url=nats_url, **{"pod_resources_socket": self.sockets[n], **(agent_options or {})},
+                         **_identity(n, agent_creds))
             for n, node in self.nodes.items()}
+        self.kubelets: PodResourcesServers | None = None
+
+    def _socket_path(self, node: str) -> Path:
+        path = (self.root / node / POD_RESOURCES_SOCKET).absolute()
+        if len(os.fsencode(str(path))) <= MAX_UNIX_PATH_BYTES:
+            return path
+        if self._short is None:
+            self._short = tempfile.TemporaryDirectory(prefix="remediator-kubelet-")
+        return Path(self._short.name) / f"{node}.sock"
+
+    def serve_pod_resources(self, cluster: Any) -> PodResourcesServers:
+        """Serve every node's PodResources socket from ``cluster`` (a ``chaos.sim.ClusterState``); stopped
+        with the fleet."""
+        if self.kubelets is None:
+            self.kubelets = PodResourcesServers(cluster, self.nodes)
+            for n, path in self.sockets.items():
+                self.kubelets.serve(n, path)
+        return self.kubelets
 
     async def start(self) -> None:
         for agent in self.agents.values():
@@ -684,6 +843,9 @@ class SimFleet:
     async def stop(self) -> None:
         for agent in self.agents.values():
             await agent.stop()
+        if self.kubelets is not None:
+            self.kubelets.stop()
+            self.kubelets = None
 
     async def __aenter__(self) -> SimFleet:
         await self.start()

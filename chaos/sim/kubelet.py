@@ -8,21 +8,27 @@ each container that requests ``nvidia.com/gpu``: the lowest free healthy indices
 manager hands device IDs to a container. A pod that is deleted (or finishes) gives its GPUs back; a pod in
 graceful termination keeps them until it is gone. Nothing is written onto the pod object: a real cluster
 keeps this in the kubelet (its device-manager checkpoint, served by the PodResources API), so here it is
-read through ``ClusterState.gpu_allocation``/``pod_resources`` and published to the simulated GPU node
-(``chaos.sim.gpu_node``) that the node agent reads.
+read through ``ClusterState.gpu_allocation``/``pod_resources``, which the simulated kubelet serves to the
+node agent over the PodResources gRPC API (``chaos.sim.podresources_server``), as a real kubelet does.
 
 Device health is what the NVIDIA device plugin would report: a GPU marked unhealthy with
 ``set_gpu_health``, or one the attached simulated GPU node reports as drained (``nvidia-smi drain``, the
 agent's ``isolate_gpu``) or lost, is never assigned and lowers the node's ``allocatable``; running pods are
 not touched. A pod created with ``spec.nodeName`` on a node without enough free healthy GPUs fails
 admission (``Failed``, reason ``UnexpectedAdmissionError``), as the kubelet rejects it.
+
+A pod using DRA ResourceClaims (``chaos.sim.dra``) gets exactly the devices its allocated claims name
+(``claim_devices``), reported per container as PodResources ``dynamic_resources`` (``claim_name``,
+``claim_namespace``, ``claim_resources[]`` with ``driver_name``, ``pool_name``, ``device_name``,
+``cdi_devices[].name``) and no device-plugin ``devices``; a node without ``nvidia.com/gpu`` capacity (no
+device plugin) keeps its ``allocatable`` as it is.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from chaos.sim.resources import (
@@ -52,13 +58,11 @@ class DeviceHolder:
 
 class GpuNodeView(Protocol):
     """What the kubelet of a node sees of that node's GPUs (``SimGpuNode`` implements it): the device
-    plugin's health and device IDs, and where the PodResources data goes."""
+    plugin's health and device IDs."""
 
     def unhealthy_devices(self) -> set[int]: ...
 
     def device_ids(self) -> list[str]: ...
-
-    def write_pod_resources(self, pods: Sequence[Obj]) -> None: ...
 
 
 @dataclass
@@ -66,6 +70,7 @@ class _Allocation:
     node: str
     holder: DeviceHolder
     containers: list[tuple[str, list[int]]]
+    dynamic: dict[str, list[Obj]] = field(default_factory=dict)   # container -> DRA dynamic_resources
 
     @property
     def indices(self) -> list[int]:
@@ -83,7 +88,9 @@ class Kubelets:
         self._by_uid: dict[str, _Allocation] = {}
         self._by_node: dict[str, dict[int, str]] = {}   # node -> GPU index -> pod uid
         self._held: dict[str, list[int]] = {}           # pod uid -> the GPUs it held (kept after it goes)
-        self._unpublished: set[str] = set()
+        # DRA: per container of a pod using ResourceClaims, its GPU indices and PodResources
+        # dynamic_resources entries (``Dra.container_devices``, set by ``ClusterState``).
+        self.claim_devices: Callable[[Obj], list[tuple[str, list[int], list[Obj]]]] | None = None
         store.listeners.append(self.on_change)
 
     # --- pod start-up ---------------------------------------------------------------------------
@@ -114,6 +121,9 @@ class Kubelets:
                  "state": {"running": {"startedAt": now}}, "lastState": {}}
                 for c in containers],
         }
+        claims = pod.get("status", {}).get("resourceClaimStatuses")
+        if claims:  # written by the resourceclaim controller; the kubelet keeps it
+            new["status"]["resourceClaimStatuses"] = claims
         return new
 
     def admit(self, pod: Obj, node_name: str) -> Obj:
@@ -137,7 +147,6 @@ class Kubelets:
         """Let ``view`` (the node's simulated GPUs) report device health and receive the allocation."""
         self._views[node] = view
         self._reported.pop(node, None)
-        self._unpublished.add(node)
 
     @property
     def attached(self) -> bool:
@@ -158,6 +167,8 @@ class Kubelets:
 
     def allocatable(self, node: Obj) -> Obj:
         """``status.allocatable`` of ``node`` with ``nvidia.com/gpu`` lowered by its unhealthy GPUs."""
+        if GPU_RESOURCE not in node["status"].get("capacity", {}):  # no device plugin (DRA): nothing to lower
+            return dict(node["status"].get("allocatable", {}))
         cap = int(node["status"].get("capacity", {}).get(GPU_RESOURCE, 0))
         bad = self.unhealthy(node["metadata"]["name"])
         return {**node["status"].get("allocatable", {}), GPU_RESOURCE: str(max(0, cap - len(bad)))}
@@ -225,6 +236,9 @@ class Kubelets:
             self._allocate(new, new["spec"]["nodeName"])
 
     def _allocate(self, pod: Obj, node: str) -> None:
+        if self.claim_devices is not None and pod.get("spec", {}).get("resourceClaims"):
+            self._allocate_claims(pod, node, self.claim_devices(pod))
+            return
         wants = container_gpu_requests(pod)
         indices = self.free_gpus(node, sum(n for _, n in wants))
         if not wants or indices is None:
@@ -241,7 +255,20 @@ class Kubelets:
         for i in a.indices:
             slots[i] = holder.uid
         self._held[holder.uid] = a.indices
-        self._unpublished.add(node)
+
+    def _allocate_claims(self, pod: Obj, node: str, devices: list[tuple[str, list[int], list[Obj]]]) -> None:
+        """A pod whose GPUs come from its allocated ResourceClaims: the kubelet prepares exactly those devices
+        (the DRA driver's NodePrepareResources) and reports them as ``dynamic_resources``."""
+        if not devices:
+            return
+        meta = pod["metadata"]
+        holder = DeviceHolder(meta["namespace"], meta["name"], meta["uid"], "")
+        a = _Allocation(node, holder, [(c, ids) for c, ids, _ in devices], {c: dyn for c, _, dyn in devices})
+        self._by_uid[holder.uid] = a
+        slots = self._by_node.setdefault(node, {})
+        for i in a.indices:
+            slots[i] = holder.uid
+        self._held[holder.uid] = a.indices
 
     def _release(self, uid: str) -> None:
         a = self._by_uid.pop(uid)
@@ -249,7 +276,6 @@ class Kubelets:
         for i in a.indices:
             if slots.get(i) == uid:
                 del slots[i]
-        self._unpublished.add(a.node)
 
     def allocation(self, node: str) -> dict[int, list[DeviceHolder]]:
         """GPU index -> the containers that hold it, on ``node``."""
@@ -283,17 +309,14 @@ class Kubelets:
 
         pods = sorted((self._by_uid[uid] for uid in set(self._by_node.get(node, {}).values())),
                       key=lambda a: (a.holder.namespace, a.holder.name))
+        def container(cname: str, ids_: list[int], a: _Allocation) -> Obj:
+            if cname in a.dynamic:  # DRA: the claim's devices, no device-plugin device IDs
+                return {"name": cname, "devices": [], "dynamic_resources": a.dynamic[cname]}
+            return {"name": cname, "devices": [{"resource_name": GPU_RESOURCE,
+                                                "device_ids": [device_id(i) for i in ids_]}]}
+
         return [{"name": a.holder.name, "namespace": a.holder.namespace, "uid": a.holder.uid,
-                 "containers": [{"name": cname, "devices": [{"resource_name": GPU_RESOURCE,
-                                                              "device_ids": [device_id(i) for i in ids_]}]}
-                                for cname, ids_ in a.containers]}
+                 "containers": [container(cname, ids_, a) for cname, ids_ in a.containers]}
                 for a in pods]
 
-    def publish(self) -> None:
-        """Hand the attached GPU nodes whose allocation changed their PodResources data."""
-        nodes, self._unpublished = self._unpublished, set()
-        for node in sorted(nodes):
-            view = self._views.get(node)
-            if view is not None:
-                view.write_pod_resources(self.pod_resources(node))
 

@@ -14,8 +14,17 @@ verb               does
 ``isolate_gpu``    ``nvidia-smi drain -p <pci> -m 1`` (no new work lands on it); no-op when already isolated;
                    the reply names the pods holding the GPU (``after.holders``)
 ``release_gpu``    undoes ``isolate_gpu`` (``-m 0``); no-op when not isolated (``params.force``: run anyway)
-``reset_gpu``      ``nvidia-smi --gpu-reset -i <index>``; refused (``ok=False``) while any compute process
-                   holds the GPU, when the process list cannot be read, or when the GPU is lost
+``reset_gpu``      ``nvidia-smi --gpu-reset -i <uuid>`` (PCI bus id without a UUID; never the index);
+                   refused (``ok=False``) while any process holds the GPU (``after.refused = "in_use"``,
+                   ``after.processes``: ``[{pid, used_bytes, pod_uid}]``), when the process list cannot be
+                   read, or when the GPU is lost. Persistence mode on is turned off for the reset and back on
+                   after (``after.persistence``: ``before``, ``during``, ``restored``). Then verified
+                   (``after.verification``): the same UUID answers at the same PCI address (read afresh),
+                   not lost, no page retirement or row remap pending; ``ok`` only when the reset ran and the
+                   verification passed, ``after.reset_failed`` otherwise
+``collect_bug_report``  the configured bug-report command (``--bug-report-command``, default
+                   ``nvidia-bug-report.sh``); its output's last 2,000 characters in ``after.output``;
+                   refused when none is configured
 ``kill_orphans``   SIGKILL to every process holding GPU memory whose pod is gone (``cmd.gpu``/``params.pids``
                    narrow it), then waits up to ``params.wait_s`` (5 s) for them to go; ``ok`` when none is left
 ``health_check``   NVML checks (not lost, no volatile DBE, no pending/failed row remap, no pending page
@@ -25,11 +34,12 @@ verb               does
                    with ``cmd.gpu``, that GPU's holders as ``after.holders`` too
 =================  ==========================================================================================
 
-Holders: the containers the kubelet's device manager gave the GPU to, ``[{namespace, name, uid,
-container}]``, from the agent's ``PodResourcesView`` (the GPU backend when it is one, as the simulated node
-is). ``after.holders_known`` is False, and the detail says so, where the agent has no such source (a real
-node until the kubelet PodResources API is read, issue 10): then ``holders`` is empty and means "unknown",
-not "free". The service evicts exactly the holders, by UID.
+Holders: the containers the kubelet gave the GPU to (device plugin or DRA), ``[{namespace, name, uid,
+container}]``, from the agent's ``PodResourcesView``: the kubelet's PodResources socket read over gRPC and
+joined with NVML (``remediator.agent.holders``), one ``List`` per command. ``after.holders_known`` is True only
+when the socket answered for this reply; where the agent has no socket, or it did not answer, it is False and
+the detail says why: then ``holders`` is empty and means "unknown", not "free". The service evicts exactly
+the holders, by UID.
 
 Idempotency: the reply of a command that changed something is kept under its id (in memory and in the
 state directory, the last 512), and a repeat of that id returns it without acting again. Refusals, no-ops,
@@ -42,8 +52,9 @@ Trust (DESIGN.md §4): ``on_message`` acts only on a command signed by a key of 
 and with a nonce it has not seen: the nonces are kept until they expire (at most ``REPLAY_CACHE_SIZE``, in
 the state directory, so a restart does not reopen a replay). Everything else (unsigned, untrusted signer,
 bad signature, wrong node, expired, replayed, malformed) is refused whatever NATS let through: the reply
-says ``refused: <reason>``, a warning is logged, and ``refusals`` counts it by reason (shown by ``status``
-and the agent's stats). Every reply, refusals included, is signed with the agent's key (``signer``) and
+says ``refused: <reason>``, a warning is logged, ``refusals`` counts it by reason (shown by ``status``
+and the agent's stats), and ``on_refused`` hands it to the agent's refusal reporter, which gets it audited
+(``remediator.agent.refusals``). Every reply, refusals included, is signed with the agent's key (``signer``) and
 names the node and the nonce it answers. ``handle`` is the trusted in-process entry (tests, benchmarks).
 """
 
@@ -62,7 +73,17 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from pydantic import ValidationError
 
-from remediator.agent.host import GpuBackend, GpuSnapshot, HostRunner, PodResourcesView, PodView, RunResult
+from remediator.agent.host import (
+    GpuBackend,
+    GpuControl,
+    GpuIdentity,
+    GpuSnapshot,
+    HostRunner,
+    PodResourcesView,
+    PodView,
+    RunResult,
+    gpu_reset_target,
+)
 from remediator.agent.orphans import find_orphans
 from remediator.agent.state import StateStore
 from remediator.contracts import AgentCommand, AgentReply, Change, GpuRef, normalize_pci_bus_id, utcnow
@@ -75,8 +96,9 @@ CACHE_SIZE = 512
 REPLAY_CACHE_SIZE = 8192
 MAX_COMMAND_BYTES = 256 * 1024
 DEFAULT_TEMPERATURE_LIMIT_C = 90
-NO_HOLDER_SOURCE = ("which pods hold the GPU is unknown: this agent reads no PodResources source (the kubelet "
-                    "PodResources API is not wired in yet)")
+BUG_REPORT_DETAIL_CHARS = 2000
+NO_HOLDER_SOURCE = ("which pods hold the GPU is unknown: this agent reads no kubelet PodResources socket "
+                    "(--pod-resources SOCKET)")
 
 
 class _Refused(Exception):
@@ -149,6 +171,13 @@ class CommandVerifier:
 class CommandResponder:
     """Runs ``AgentCommand``s against a ``GpuBackend`` and a ``HostRunner``."""
 
+    # The health check's ``memory`` verdict for one GPU (the agent's memory-trend watch sets it): why the
+    # GPU's memory is not back (processes over their baseline x factor, memory held by no process).
+    memory_check: Callable[[GpuSnapshot], list[str]] | None = None
+    # Told of every refused command, ``(reason, verb, command id, detail)``: the agent's refusal reporter
+    # (``remediator.agent.refusals``), which gets them audited without any right beyond the agent's own.
+    on_refused: Callable[[str, str, str, str], None] | None = None
+
     def __init__(self, *, node: str, gpus: GpuBackend | None, host: HostRunner, pods: PodView | None,
                  state: StateStore, status_extra: Callable[[], dict[str, Any]] | None = None,
                  temperature_limit_c: int = DEFAULT_TEMPERATURE_LIMIT_C, kill_wait_s: float = 5.0,
@@ -164,8 +193,7 @@ class CommandResponder:
         self.verifier = CommandVerifier(node, self.trust, state, clock=clock, skew_s=skew_s, max_ttl_s=max_ttl_s)
         self.refusals = self.verifier.refusals
         self.gpus = gpus
-        self.pod_resources = pod_resources if pod_resources is not None else (
-            gpus if isinstance(gpus, PodResourcesView) else None)
+        self.pod_resources = pod_resources
         self.host = host
         self.pods = pods
         self.state = state
@@ -216,6 +244,8 @@ class CommandResponder:
     def _refuse(self, subject: str, cmd_id: str, verb: str, reason: str, detail: str,
                 nonce: Any) -> AgentReply:
         log.warning("refused command %r (%s) on %s: %s: %s", cmd_id[:120], verb, subject, reason, detail)
+        if self.on_refused is not None:
+            self.on_refused(reason, verb, cmd_id, detail)
         return AgentReply(id=cmd_id, ok=False, detail=f"refused: {detail}", after={"refused": reason},
                           nonce=nonce if isinstance(nonce, str) and len(nonce) <= 64 else None)
 
@@ -277,18 +307,38 @@ class CommandResponder:
                 return snap
         raise _Refused(f"no GPU {ref.key} on node {self.node}")
 
-    async def _holders(self, snap: GpuSnapshot) -> list[dict[str, Any]] | None:
-        """The containers holding ``snap``'s GPU; None when this agent cannot tell."""
+    def _unknown_why(self) -> str:
+        """Why the holders are unknown, for a reply's detail."""
         source = self.pod_resources
         if source is None:
-            return None
-        found = await asyncio.to_thread(source.gpu_holders, snap.identity)
-        return None if found is None else [h.to_dict() for h in found]
+            return NO_HOLDER_SOURCE
+        return f"which pods hold the GPU is unknown: {getattr(source, 'last_error', None) or 'no answer'}"
+
+    async def _holder_lists(self, snaps: list[GpuSnapshot]) -> list[list[dict[str, Any]] | None]:
+        """The containers holding each of ``snaps``' GPUs, from one question to the source (one ``List``);
+        None for each when this agent cannot tell."""
+        source = self.pod_resources
+        if source is None or not snaps:
+            return [None] * len(snaps)
+        batch = getattr(source, "holder_map", None)
+        if batch is not None:
+            found = await asyncio.to_thread(batch, [s.identity for s in snaps])
+            return [None] * len(snaps) if found is None else [[h.to_dict() for h in found.of(s.identity)]
+                                                                for s in snaps]
+        out: list[list[dict[str, Any]] | None] = []
+        for s in snaps:
+            one = await asyncio.to_thread(source.gpu_holders, s.identity)
+            out.append(None if one is None else [h.to_dict() for h in one])
+        return out
+
+    async def _holders(self, snap: GpuSnapshot) -> list[dict[str, Any]] | None:
+        """The containers holding ``snap``'s GPU; None when this agent cannot tell."""
+        return (await self._holder_lists([snap]))[0]
 
     async def _with_holders(self, snap: GpuSnapshot, after: dict[str, Any]) -> tuple[dict[str, Any], str]:
         """``after`` with ``holders``/``holders_known``, and a note for the detail when they are unknown."""
         holders = await self._holders(snap)
-        note = "" if holders is not None else f"; {NO_HOLDER_SOURCE}"
+        note = "" if holders is not None else f"; {self._unknown_why()}"
         return {**after, "holders": holders or [], "holders_known": holders is not None}, note
 
     def _save_isolation(self) -> None:
@@ -330,8 +380,18 @@ class CommandResponder:
             self._save_isolation()
         return self._result(cmd, r, before, {"isolated": key in self._isolated})
 
+    def _process_holders(self, snap: GpuSnapshot) -> list[dict[str, Any]]:
+        """The compute processes on ``snap``'s GPU with the pod each belongs to (its cgroup's pod UID)."""
+        out: list[dict[str, Any]] = []
+        for proc in (snap.processes or ())[:64]:
+            info = self.pods.pid_info(proc.pid) if self.pods is not None else None
+            out.append({"pid": proc.pid, "used_bytes": proc.used_bytes,
+                        "pod_uid": info.pod_uid if info is not None else None})
+        return out
+
     async def _reset_gpu(self, cmd: AgentCommand) -> tuple[AgentReply, bool]:
         snap = await self._resolve(cmd.gpu)
+        ident = snap.identity
         if snap.lost:
             raise _Refused(f"refused: GPU {snap.index} is lost (fallen off the bus); a reset cannot reach it, "
                            "the node needs a power cycle")
@@ -339,13 +399,89 @@ class CommandResponder:
             raise _Refused(f"refused: the compute processes on GPU {snap.index} cannot be read, so a reset "
                            "could kill work")
         if snap.processes:
-            pids = ", ".join(str(p.pid) for p in snap.processes)
-            raise _Refused(f"refused: {len(snap.processes)} compute process(es) hold GPU {snap.index} "
-                           f"(pid {pids}); drain the GPU first")
+            holders = await asyncio.to_thread(self._process_holders, snap)
+            named = ", ".join(f"{h['pid']}" + (f" (pod {h['pod_uid']})" if h["pod_uid"] else "") for h in holders)
+            return AgentReply(id=cmd.id, ok=False, detail=(
+                f"refused: {len(snap.processes)} process(es) hold GPU {snap.index}: pid {named}; drain the GPU "
+                "first"), after={"refused": "in_use", "processes": holders}), False
+        target = gpu_reset_target(ident)
+        if target is None:
+            raise _Refused(f"refused: GPU {snap.index} has no known UUID or PCI bus id; a reset by index could "
+                           "reach another GPU")
+        control = self.gpus if isinstance(self.gpus, GpuControl) else None
         before = snap.to_dict()
-        r = await self.host.reset_gpu(snap.identity)
-        after = (await self._resolve(cmd.gpu)).to_dict() if r.ok else before
-        return self._result(cmd, r, before, after)
+        persistence: dict[str, Any] = {"before": None, "during": None, "restored": None}
+        if control is not None:
+            persistence["before"] = persistence["during"] = await asyncio.to_thread(
+                control.persistence_mode, ident.index)
+        if control is not None and persistence["before"]:
+            why = await asyncio.to_thread(control.set_persistence_mode, ident.index, False)
+            if why is not None:
+                return AgentReply(id=cmd.id, ok=False, detail=(
+                    f"refused: persistence mode of GPU {snap.index} is on and could not be turned off for the "
+                    f"reset: {why}"), before=before,
+                    after={"refused": "persistence", "persistence": persistence}), False
+            persistence["during"] = False
+        r = await self.host.reset_gpu(ident)
+        if control is not None and persistence["before"]:
+            why = await asyncio.to_thread(control.set_persistence_mode, ident.index, True)
+            persistence["restored"] = why is None
+            if why is not None:
+                persistence["restore_error"] = why
+        verification = await self._verify_reset(ident, control) if r.ok else None
+        ok = r.ok and bool(verification and verification["passed"])
+        detail = r.detail
+        if persistence["before"]:
+            detail += ("; persistence mode turned off for the reset and " +
+                       ("restored" if persistence["restored"] else f"NOT restored: {persistence.get('restore_error')}"))
+        if verification is not None:
+            detail += ("; verified: same UUID at the same PCI address, nothing pending" if verification["passed"]
+                       else "; verification failed: " + "; ".join(verification["problems"]))
+        snapshot = verification.pop("snapshot") if verification is not None else before
+        after: dict[str, Any] = {**snapshot, "reset": r.ok, "reset_failed": not ok, "target": target,
+                                 "persistence": persistence, "verification": verification}
+        return AgentReply(id=cmd.id, ok=ok, changed=r.ok, detail=detail, before=before, after=after), True
+
+    async def _verify_reset(self, ident: GpuIdentity, control: GpuControl | None) -> dict[str, Any]:
+        """What the reset left: the same UUID answering at the GPU's PCI address (read afresh through NVML),
+        not lost, no page retirement or row remap pending, no remap failure."""
+        problems: list[str] = []
+        uuid_after: str | None = None
+        if control is not None and ident.pci_bus_id:
+            fresh = await asyncio.to_thread(control.identity_at, ident.pci_bus_id)
+            if fresh is None:
+                problems.append(f"no GPU answers at {ident.pci_bus_id} after the reset")
+            else:
+                uuid_after = fresh.uuid
+                if ident.uuid and fresh.uuid != ident.uuid:
+                    problems.append(f"a different GPU answers at {ident.pci_bus_id}: {fresh.uuid}, was {ident.uuid}")
+        backend = self.gpus
+        assert backend is not None
+        snap = await asyncio.to_thread(backend.snapshot, ident.index)
+        if uuid_after is None and not problems:
+            uuid_after = snap.identity.uuid
+            if ident.uuid and uuid_after != ident.uuid:
+                problems.append(f"GPU {ident.index} answers with UUID {uuid_after}, was {ident.uuid}")
+        if snap.lost:
+            problems.append("the GPU is lost after the reset")
+        if snap.retired_pages_pending:
+            problems.append("page retirement still pending")
+        rr = snap.remapped_rows
+        if rr is not None and rr.pending:
+            problems.append("row remap still pending")
+        if rr is not None and rr.failure:
+            problems.append("row remap failure")
+        return {"passed": not problems, "problems": problems, "uuid_before": ident.uuid, "uuid_after": uuid_after,
+                "pci_bus_id": ident.pci_bus_id, "lost": snap.lost,
+                "retired_pages_pending": snap.retired_pages_pending,
+                "remap_pending": rr.pending if rr is not None else None, "snapshot": snap.to_dict()}
+
+    async def _collect_bug_report(self, cmd: AgentCommand) -> tuple[AgentReply, bool]:
+        r = await self.host.bug_report()
+        if r is None:
+            raise _Refused("refused: no bug-report command is configured on this agent (--bug-report-command)")
+        out = r.detail[-BUG_REPORT_DETAIL_CHARS:]
+        return AgentReply(id=cmd.id, ok=r.ok, detail=out, after={"collected": r.ok, "output": out}), False
 
     async def _kill_orphans(self, cmd: AgentCommand) -> tuple[AgentReply, bool]:
         if self.pods is None or self.gpus is None:
@@ -392,8 +528,12 @@ class CommandResponder:
         snaps = [await self._resolve(cmd.gpu)] if cmd.gpu is not None else await self._snapshots()
         gpus: dict[str, Any] = {}
         failures: list[str] = []
+        checks = cmd.params.get("checks")
+        memory = self.memory_check is not None and (not isinstance(checks, list) or "memory" in checks)
         for snap in snaps:
             failed = self.gpu_failures(snap)
+            if memory and self.memory_check is not None and not snap.lost:
+                failed += self.memory_check(snap)
             gpus[str(snap.index)] = {"uuid": snap.identity.uuid, "passed": not failed, "failed": failed}
             failures.extend(f"GPU {snap.index}: {f}" for f in failed)
         after: dict[str, Any] = {"gpus": gpus}
@@ -436,14 +576,18 @@ class CommandResponder:
 
     async def _status(self, cmd: AgentCommand) -> tuple[AgentReply, bool]:
         snaps = await self._snapshots()
-        gpus = [{**s.to_dict(), "holders": await self._holders(s)} for s in snaps]
+        lists = await self._holder_lists(snaps)  # one List for every GPU of the reply
+        known = bool(snaps) and all(h is not None for h in lists)
+        gpus = [{**s.to_dict(), "holders": h} for s, h in zip(snaps, lists, strict=True)]
         after: dict[str, Any] = {"node": self.node, "gpus": gpus, "isolated": sorted(self._isolated),
-                                 "holders_known": self.pod_resources is not None}
-        note = "" if self.pod_resources is not None else f"; {NO_HOLDER_SOURCE}"
+                                 "holders_known": known}
+        note = "" if known or not snaps else f"; {self._unknown_why()}"
         detail = f"{len(snaps)} GPU(s)"
         if cmd.gpu is not None:
             target = await self._resolve(cmd.gpu)
-            after, note = await self._with_holders(target, after)
+            held = next((h for s, h in zip(snaps, lists, strict=True) if s.identity == target.identity), None)
+            after = {**after, "holders": held or [], "holders_known": held is not None}
+            note = "" if held is not None else f"; {self._unknown_why()}"
             detail += f"; GPU {target.index} is held by {len(after['holders'])} container(s)"
         after["refusals"] = dict(self.refusals)
         if self.status_extra is not None:

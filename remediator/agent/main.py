@@ -1,5 +1,5 @@
-"""The node agent, composed: kernel-log watcher, NVML poller, orphan check, container-log scanner,
-command responder, all publishing through one spool-backed connection.
+"""The node agent, composed: kernel-log watcher, NVML poller, orphan check, memory-trend watch,
+container-log scanner, command responder, all publishing through one spool-backed connection.
 
 Where it sits: one per GPU node (a DaemonSet on a real cluster, one per simulated node in the demo), on
 the producing side of the bus: events go to ``faults.agent.<node>``, commands come in on
@@ -21,19 +21,22 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from remediator.agent.commands import CommandResponder
 from remediator.agent.events import Clock, GpuDirectory, submit_when_room
-from remediator.agent.host import GpuBackend, GpuSnapshot, HostRunner, PodView, RunResult
+from remediator.agent.host import GpuBackend, GpuSnapshot, HostRunner, PodResourcesView, PodView, RunResult
 from remediator.agent.journal import DEFAULT_LOOKBACK_S, JournalSource
 from remediator.agent.kmsg import KernelLogWatcher, KernelSource, open_kernel_source
+from remediator.agent.memtrend import MemoryTrend, TrendPolicy
 from remediator.agent.nvml_poller import NvmlPoller, XidEventWatcher
 from remediator.agent.orphans import OrphanDetector
 from remediator.agent.podlogs import PodLogScanner
 from remediator.agent.publisher import BusLink, Publisher
+from remediator.agent.refusals import RefusalReporter
 from remediator.agent.spool import DEFAULT_MAX_BYTES, Spool
 from remediator.agent.state import DEFAULT_BOOT_ID_PATH, StateStore, read_boot_id
 from remediator.bus import Credentials
@@ -59,6 +62,12 @@ class AgentConfig:
     journal_command: Sequence[str] = ("journalctl",)
     journal_lookback_s: float = DEFAULT_LOOKBACK_S
     pod_logs_dir: Path | str | None = None
+    # the kubelet's PodResources socket (which pods hold which GPU); None: no holder source
+    pod_resources_socket: Path | str | None = None
+    pod_resources_timeout_s: float = 5.0
+    # where the kubelet keeps pod log and pod data directories (a holder's UID; see remediator.agent.holders)
+    pod_log_root: Path | str = "/var/log/pods"
+    kubelet_pods_dir: Path | str = "/var/lib/kubelet/pods"
     boot_id_path: str = DEFAULT_BOOT_ID_PATH
     nvml_interval_s: float = 5.0
     nvml_xid_events: bool | None = None  # None: only when no kernel log is followed
@@ -69,6 +78,13 @@ class AgentConfig:
     publish_timeout_s: float = 2.0
     reconnect_wait_s: float = 0.5
     orphan_confirmations: int = 2
+    # memory-trend watch (remediator.agent.memtrend): a sample every interval, growth past baseline x factor
+    # held for the window, a baseline after the warm-up, at most max_processes processes followed
+    memtrend_interval_s: float = 30.0
+    memtrend_window_s: float = 1200.0
+    memtrend_warmup_s: float = 120.0
+    memtrend_factor: float = 1.3
+    memtrend_max_processes: int = 1024
     temperature_limit_c: int = 90
     # The key replies are signed with: the seed in this file (the agent's NATS ``.creds``, or a seed file);
     # None: <state_dir>/identity/agent.nk, made once. Its public key is what the executor must find in KV.
@@ -100,12 +116,16 @@ class _NoHost:
     async def health_command(self) -> RunResult | None:
         return None
 
+    async def bug_report(self) -> RunResult | None:
+        return None
+
 
 class Agent:
     """One node's agent. ``start``/``stop`` (or ``async with``); ``stats()`` for status and benchmarks."""
 
     def __init__(self, config: AgentConfig, *, gpus: GpuBackend | None = None, host: HostRunner | None = None,
-                 pods: PodView | None = None, clock: Clock = utcnow) -> None:
+                 pods: PodView | None = None, pod_resources: PodResourcesView | None = None,
+                 clock: Clock = utcnow) -> None:
         self.config = config
         self.node = config.node
         self.gpus = gpus
@@ -121,14 +141,22 @@ class Agent:
         self.directory = GpuDirectory()
         self.signer = (load_signer(config.signing_seed_file) if config.signing_seed_file
                        else local_signer(Path(config.state_dir) / "identity" / AGENT_KEY_FILE))
+        self._pod_resources_client: Any = None
+        if pod_resources is None and config.pod_resources_socket is not None:
+            pod_resources = self._kubelet_holders(config)
+        self.pod_resources = pod_resources
         self.responder = CommandResponder(node=config.node, gpus=gpus, host=self.host, pods=pods,
+                                          pod_resources=pod_resources,
                                           state=self.state, status_extra=self.stats,
                                           temperature_limit_c=config.temperature_limit_c, signer=self.signer,
                                           trust=TrustSet(config.trust_keys))
+        self.refusals = RefusalReporter(config.node, self.signer)
+        self.responder.on_refused = self.refusals.refused
         self.link.on_connect(self._subscribe_commands)
         self.kernel_watchers: list[KernelLogWatcher] = []
         self.poller: NvmlPoller | None = None
         self.orphans: OrphanDetector | None = None
+        self.memtrend: MemoryTrend | None = None
         self.podlogs: PodLogScanner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
@@ -136,6 +164,24 @@ class Agent:
 
     def boot_id(self) -> str:
         return read_boot_id(self.config.boot_id_path)
+
+    def _kubelet_holders(self, config: AgentConfig) -> PodResourcesView:
+        """The holder view over the kubelet's PodResources socket, joined with this agent's GPUs."""
+        from remediator.adapters.podresources import PodResourcesClient
+        from remediator.agent.holders import KubeletHolders, PodUids
+
+        assert config.pod_resources_socket is not None
+        client = PodResourcesClient(config.pod_resources_socket, timeout_s=config.pod_resources_timeout_s)
+        self._pod_resources_client = client
+        backend = self.gpus
+        minor = getattr(backend, "minor_number", None)
+
+        def identities() -> list[Any]:
+            return [] if backend is None else [backend.snapshot(i).identity for i in range(backend.gpu_count())]
+
+        return KubeletHolders(client, identities,
+                              uids=PodUids(config.pod_logs_dir or config.pod_log_root, config.kubelet_pods_dir),
+                              minor=(lambda g: minor(g.index)) if callable(minor) else (lambda g: None))
 
     # --- lifecycle -----------------------------------------------------------------------------------
 
@@ -153,6 +199,14 @@ class Agent:
             if self.pods is not None:
                 self.orphans = OrphanDetector(self.pods, node=self.node, boot_id=self.boot_id, clock=self.clock,
                                               confirmations=cfg.orphan_confirmations)
+            self.memtrend = MemoryTrend(
+                node=self.node, state=self.state, boot_id=self.boot_id, pods=self.pods,
+                pod_resources=self.responder.pod_resources, interval_s=cfg.memtrend_interval_s, clock=self.clock,
+                policy=TrendPolicy(factor=cfg.memtrend_factor, window=timedelta(seconds=cfg.memtrend_window_s),
+                                   warmup=timedelta(seconds=cfg.memtrend_warmup_s),
+                                   repeat=timedelta(seconds=min(60.0, cfg.memtrend_window_s)),
+                                   max_processes=cfg.memtrend_max_processes))
+            self.responder.memory_check = self.memtrend.check
         sources: list[KernelSource] = []
         if cfg.kmsg_path:
             sources.append(open_kernel_source(cfg.kmsg_path, boot_id=self.boot_id,
@@ -170,6 +224,7 @@ class Agent:
                                          rescan_interval_s=cfg.podlog_rescan_s)
         self._spawn("bus", self.link.run)
         self._spawn("replay", self.publisher.replay)
+        self._spawn("refusal-reports", lambda: self.refusals.run(self.link))
         for w in self.kernel_watchers:
             self._spawn(f"kernel-{w.source.name}", w.run)
         if self.poller is not None:
@@ -185,11 +240,11 @@ class Agent:
         if not self.responder.trust:
             log.warning("agent for node %s trusts no service key (--trust-key): every command will be refused",
                         self.node)
-        log.info("agent for node %s started (key %s, kernel: %s, gpus: %s, pod logs: %s, nats: %s)", self.node,
-                 self.signer.public_key,
+        log.info("agent for node %s started (key %s, kernel: %s, gpus: %s, pod logs: %s, pod resources: %s, "
+                 "nats: %s)", self.node, self.signer.public_key,
                  ", ".join(s.name for s in sources) or "none",
                  type(self.gpus).__name__ if self.gpus is not None else "none", cfg.pod_logs_dir or "none",
-                 cfg.nats_url)
+                 cfg.pod_resources_socket or "none", cfg.nats_url)
 
     def _spawn(self, name: str, factory: Callable[[], Awaitable[None]]) -> None:
         async def supervised() -> None:
@@ -223,6 +278,8 @@ class Agent:
             if not t.cancelled() and t.exception() is not None:
                 log.warning("agent task %s ended with %r", t.get_name(), t.exception())
         await self.link.close()
+        if self._pod_resources_client is not None:
+            self._pod_resources_client.close()
         if self.gpus is not None:
             await asyncio.to_thread(self.gpus.close)
         self._stopped.set()
@@ -260,10 +317,14 @@ class Agent:
             events = self.poller.diff(snaps)
             if self.orphans is not None:
                 events += self.orphans.check(snaps)
+            if self.memtrend is not None:
+                events += await asyncio.to_thread(self.memtrend.sample, snaps)
             await self.submit(events)
             self.poller.commit()
             if self.orphans is not None:
                 self.orphans.commit()
+            if self.memtrend is not None:
+                self.memtrend.commit()
             await asyncio.sleep(self.config.nvml_interval_s)
 
     async def _subscribe_commands(self, nc: Any) -> None:
@@ -276,6 +337,8 @@ class Agent:
             "boot_id": self.boot_id(),
             "publisher": self.publisher.stats(),
             "refused_commands": dict(self.responder.refusals),
+            "refusal_reports": {"sent": self.refusals.reports_sent, "pending": self.refusals.pending,
+                                "failures": self.refusals.publish_failures},
             "public_key": self.signer.public_key,
             "kernel": {w.source.name: {"lines": w.lines_read, "events": w.events_published}
                        for w in self.kernel_watchers},
@@ -285,4 +348,8 @@ class Agent:
                                "events": self.podlogs.events_published}
         if self.poller is not None:
             out["gpu_polls"] = self.poller.polls
+        if self.memtrend is not None:
+            st = self.memtrend.state
+            out["memory_trend"] = {"samples": self.memtrend.samples, "processes": len(st.processes),
+                                   "containers": len(st.containers), "untracked": st.untracked}
         return out

@@ -47,18 +47,38 @@ AGENT_STOP_S = 15.0  # after SIGTERM/SIGINT the agent exits within this, stopped
               help="Run on a simulated node with N GPUs (under --state, else a temporary directory).")
 @click.option("--pod-logs", "pod_logs", default=None, metavar="DIR",
               help="Container logs to scan (/var/log/pods on a node).")
+@click.option("--pod-resources", "pod_resources", default=None, metavar="SOCKET",
+              help="The kubelet's PodResources gRPC socket: which pods hold which GPU (default: "
+                   "/var/lib/kubelet/pod-resources/kubelet.sock when it exists; with --sim-gpus, "
+                   "<state>/pod-resources.sock).")
+@click.option("--check", "check", is_flag=True,
+              help="Print what the agent can see (GPUs, kernel log, pod-resources socket, pod directories, NATS) "
+                   "and exit: 0 when everything it needs is there, 1 with one line per missing source.")
+@click.option("--json", "as_json", is_flag=True, help="With --check: one JSON document on stdout.")
 @click.option("--spool", "spool_dir", default=None, metavar="DIR",
               help="Durable spool for events while NATS is unreachable (default: <state>/spool).")
 @click.option("--state", "state_dir", default=None, metavar="DIR",
               help=f"Positions, baselines and command replies (default: {DEFAULT_STATE_DIR}).")
 @click.option("--interval", "interval_s", type=click.FloatRange(0.05), default=5.0, show_default=True,
               help="Seconds between GPU polls.")
+@click.option("--memtrend-interval", "memtrend_interval_s", type=click.FloatRange(0.05), default=30.0,
+              show_default=True, help="Seconds between memory-trend samples (per-process GPU memory, framebuffer).")
+@click.option("--memtrend-window", "memtrend_window_s", type=click.FloatRange(0.1), default=1200.0,
+              show_default=True, help="Seconds a process must stay over its baseline x factor to be reported.")
+@click.option("--memtrend-warmup", "memtrend_warmup_s", type=click.FloatRange(0.0), default=120.0,
+              show_default=True, help="Seconds a new process runs before its use becomes its baseline.")
+@click.option("--memtrend-factor", type=click.FloatRange(1.0, min_open=True), default=1.3, show_default=True,
+              help="Use over a process's baseline that is growth (the knowledge base's x 1.3).")
+@click.option("--memtrend-max-processes", type=click.IntRange(1, 100_000), default=1024, show_default=True,
+              help="Most processes the memory-trend watch follows (and container baselines it keeps).")
 @click.option("--spool-max-bytes", type=click.IntRange(4096), default=64 * 1024 * 1024, show_default=True,
               help="Spool size limit; when it is full the watchers hold their lines (log line + counter).")
 @click.option("--reboot-command", default=None, metavar="CMD",
               help="Hook run by the reboot_node command (refused when unset), e.g. 'systemctl reboot'.")
 @click.option("--health-command", default=None, metavar="CMD",
               help="Extra check run by the health_check command, e.g. 'dcgmi diag -r 1'.")
+@click.option("--bug-report-command", default="nvidia-bug-report.sh", show_default=True, metavar="CMD",
+              help="Run by collect_bug_report after a failed GPU reset (output tail kept); '' turns it off.")
 @click.option("--nvml-xid-events/--no-nvml-xid-events", default=None,
               help="Publish Xids from NVML event sets (default: only when no kernel log is followed).")
 @click.option("--nvml-library", envvar="REMEDIATOR_NVML_LIBRARY", default=None, hidden=True,
@@ -79,9 +99,11 @@ def agent(node: str, nats_url: str, creds_file: str | None, identity_url: str | 
           identity_token_file: str | None, kmsg_path: str | None, journal: bool, nvml: bool,
           sim_gpus: int | None, pod_logs: str | None, spool_dir: str | None, state_dir: str | None, interval_s: float,
           spool_max_bytes: int, reboot_command: str | None, health_command: str | None,
-          nvml_xid_events: bool | None, nvml_library: str | None, boot_id_path: str, proc_root: str,
+          bug_report_command: str, nvml_xid_events: bool | None, nvml_library: str | None, boot_id_path: str,
+          proc_root: str,
           kubelet_pods_dir: str, trust_keys: tuple[str, ...], signing_seed_file: str | None,
-          log_level: str) -> None:
+          log_level: str, pod_resources: str | None = None, check: bool = False, as_json: bool = False,
+          **memtrend: Any) -> None:
     """The node agent: kernel-log Xid watcher, NVML poller, container-log scanner, orphan check and
     command responder for one node, publishing to faults.agent.<node> (spooling while NATS is down)."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
@@ -89,11 +111,13 @@ def agent(node: str, nats_url: str, creds_file: str | None, identity_url: str | 
     _skip_websocket_transport(nats_url)
     if nvml and sim_gpus:
         raise click.UsageError("--nvml and --sim-gpus exclude each other")
-    if kmsg_path is not None and not Path(kmsg_path).exists():
+    if kmsg_path is not None and not check and not Path(kmsg_path).exists():
         raise click.UsageError(f"--kmsg {kmsg_path}: no such file (the kernel log is /dev/kmsg on a node)")
-    if pod_logs is not None and not Path(pod_logs).is_dir():
+    if pod_logs is not None and not check and not Path(pod_logs).is_dir():
         raise click.UsageError(f"--pod-logs {pod_logs}: no such directory (container logs are /var/log/pods)")
-    if not (kmsg_path or journal or nvml or sim_gpus or pod_logs):
+    if pod_resources is not None and not check:
+        _usable_socket(pod_resources)
+    if not (kmsg_path or journal or nvml or sim_gpus or pod_logs) and not check:
         raise click.UsageError("nothing to watch: pass --kmsg PATH, --journal, --nvml, --pod-logs DIR "
                                "or --sim-gpus N")
     tmp: tempfile.TemporaryDirectory[str] | None = None
@@ -109,17 +133,111 @@ def agent(node: str, nats_url: str, creds_file: str | None, identity_url: str | 
         "nvml_interval_s": interval_s, "nvml_xid_events": nvml_xid_events, "spool_max_bytes": spool_max_bytes,
         "signing_seed_file": signing_seed_file or creds_file, "creds_file": creds_file,
         "trust_keys": tuple(k for entry in trust_keys for k in entry.replace(",", " ").split()),
+        "pod_resources_socket": _pod_resources_socket(pod_resources, state_dir if sim_gpus else None),
+        "kubelet_pods_dir": kubelet_pods_dir,
     }
+    options.update({k: v for k, v in memtrend.items() if k.startswith("memtrend_")})
     if identity_url and (creds_file or not identity_token_file):
         raise click.UsageError("--identity-url needs --identity-token-file and excludes --creds")
     identity = (identity_url, identity_token_file) if identity_url and identity_token_file else None
+    if check:
+        try:
+            code = asyncio.run(_check(options, explicit=pod_resources is not None, nvml=nvml, sim_gpus=sim_gpus,
+                                      nvml_library=nvml_library, as_json=as_json))
+        finally:
+            if tmp is not None:
+                tmp.cleanup()
+        sys.exit(code)
     try:
         asyncio.run(_run(options, identity=identity, nvml=nvml, sim_gpus=sim_gpus, nvml_library=nvml_library,
-                         reboot_command=reboot_command, health_command=health_command, proc_root=proc_root,
+                         reboot_command=reboot_command, health_command=health_command,
+                         bug_report_command=bug_report_command, proc_root=proc_root,
                          kubelet_pods_dir=kubelet_pods_dir))
     finally:
         if tmp is not None:
             tmp.cleanup()
+
+
+def _usable_socket(path: str) -> None:
+    """A ``--pod-resources`` given explicitly must be a socket this agent may connect to: else a usage error."""
+    from remediator.adapters.podresources import check_socket_path
+    from remediator.errors import PermanentError
+
+    try:
+        check_socket_path(path)
+    except PermanentError as e:
+        raise click.UsageError(f"--pod-resources: {e}") from None
+    p = Path(path)
+    if not p.is_socket():
+        what = "no such socket" if not p.exists() else "not a socket"
+        raise click.UsageError(f"--pod-resources {path}: {what} (the kubelet's is "
+                               "/var/lib/kubelet/pod-resources/kubelet.sock; mount that directory into the agent)")
+    if not os.access(path, os.R_OK | os.W_OK):
+        raise click.UsageError(f"--pod-resources {path}: permission denied (connecting needs write access to the "
+                               "socket: run the agent as root or mount the directory read-write)")
+
+
+def _pod_resources_socket(given: str | None, sim_state: str | None) -> str | None:
+    """The socket the agent reads holders from: the one given; with --sim-gpus the simulated kubelet's beside
+    the state (``<state>/pod-resources.sock``) when it exists; else the kubelet's default when it exists."""
+    from remediator.adapters.podresources import DEFAULT_SOCKET
+
+    if given is not None:
+        return given
+    if sim_state is not None:
+        sim_socket = Path(sim_state) / "pod-resources.sock"
+        return str(sim_socket) if sim_socket.exists() else None
+    return DEFAULT_SOCKET if Path(DEFAULT_SOCKET).exists() else None
+
+
+def _gpu_backend(nvml: bool, sim_gpus: int | None, state_dir: str, node: str,
+                 nvml_library: str | None) -> tuple[Any, str | None, str | None]:
+    """(backend, source, error): NVML, a simulated node, or none; an NVML that cannot start is an error line."""
+    if sim_gpus:
+        from chaos.sim.gpu_node import SimGpuNode
+
+        root = Path(state_dir) / "sim"
+        sim = SimGpuNode.attach(root) if (root / "state.json").exists() else SimGpuNode(root, name=node,
+                                                                                      gpus=sim_gpus)
+        return sim, "sim", None
+    if not nvml:
+        return None, None, None
+    from remediator.adapters.nvml import NvmlBackend
+
+    try:
+        return NvmlBackend(nvml_library), "nvml", None
+    except Exception as e:  # NVMLError_LibraryNotFound, _DriverNotLoaded, _NoPermission, ...
+        return None, "nvml", (f"NVML cannot start ({type(e).__name__}: {e}); run the agent with the NVIDIA "
+                              "runtime class (runtimeClassName: nvidia) or NVIDIA_VISIBLE_DEVICES=all, or drop --nvml")
+
+
+async def _check(options: dict[str, Any], *, explicit: bool, nvml: bool, sim_gpus: int | None,
+                 nvml_library: str | None, as_json: bool) -> int:
+    import json
+
+    from remediator.agent.check import check_sources, render
+
+    gpus, source, error = _gpu_backend(nvml, sim_gpus, options["state_dir"], options["node"], nvml_library)
+    kmsg, logs, kubelet_pods = options["kmsg_path"], options["pod_logs_dir"], options["kubelet_pods_dir"]
+    if source == "sim":
+        kmsg, logs, kubelet_pods = kmsg or str(gpus.kmsg_path), logs or str(gpus.pod_logs_dir), str(
+            gpus.kubelet_pods_dir)
+    try:
+        report = await check_sources(
+            node=options["node"], gpus=gpus, gpu_source=source, gpu_error=error, kmsg_path=kmsg,
+            journal=options["journal"], pod_resources_socket=options["pod_resources_socket"],
+            pod_resources_explicit=explicit, pod_logs_dir=logs, pod_log_root="/var/log/pods",
+            kubelet_pods_dir=kubelet_pods, nats_url=options["nats_url"], creds_file=options["creds_file"])
+    finally:
+        if gpus is not None:
+            gpus.close()
+    if as_json:
+        click.echo(json.dumps(report))
+    else:
+        click.echo(render(report))
+    for line in report["problems"]:
+        click.echo(f"agent --check: {line}", err=True)
+    return 0 if report["ok"] else 1
 
 
 def _skip_websocket_transport(url: str) -> None:
@@ -157,9 +275,11 @@ async def _identity(options: dict[str, Any], url: str, token_file: str) -> Any:
 async def _run(options: dict[str, Any], *, identity: tuple[str, str] | None = None, nvml: bool,
                sim_gpus: int | None, nvml_library: str | None,
                reboot_command: str | None, health_command: str | None, proc_root: str,
+               bug_report_command: str = "nvidia-bug-report.sh",
                kubelet_pods_dir: str) -> None:
     from remediator.agent.host import ProcPodView, SubprocessHostRunner
     from remediator.agent.main import Agent, AgentConfig
+    from remediator.errors import SetupError
 
     log = logging.getLogger("remediator.agent")
     expires = await _identity(options, *identity) if identity is not None else None
@@ -172,19 +292,19 @@ async def _run(options: dict[str, Any], *, identity: tuple[str, str] | None = No
             sim = SimGpuNode.attach(root)
         else:
             sim = SimGpuNode(root, name=options["node"], gpus=sim_gpus)
-        overrides = {k: v for k, v in options.items() if v is not None and k not in ("node", "nats_url")}
+        overrides = {k: v for k, v in options.items()
+                     if v is not None and k not in ("node", "nats_url", "kubelet_pods_dir")}
         overrides["boot_id_path"] = str(sim.boot_id_path)
         config = sim_agent_config(sim, nats_url=options["nats_url"], **overrides)
         agent_obj = Agent(config, gpus=sim, host=sim, pods=sim)
         log.info("simulated node %s with %d GPU(s) at %s", sim.name, sim.gpu_count(), sim.root)
     else:
-        gpus = None
-        if nvml:
-            from remediator.adapters.nvml import NvmlBackend
-
-            gpus = NvmlBackend(nvml_library)
+        gpus, _, error = _gpu_backend(nvml, None, options["state_dir"], options["node"], nvml_library)
+        if error is not None:
+            raise SetupError(error)
         host = SubprocessHostRunner(reboot_command=shlex.split(reboot_command) if reboot_command else None,
-                                    health_command=shlex.split(health_command) if health_command else None)
+                                    health_command=shlex.split(health_command) if health_command else None,
+                                    bug_report_command=shlex.split(bug_report_command) or None)
         pods = ProcPodView(proc_root, kubelet_pods_dir=kubelet_pods_dir) if gpus is not None else None
         config = AgentConfig(**options)
         agent_obj = Agent(config, gpus=gpus, host=host, pods=pods)

@@ -2,10 +2,12 @@
 
 Where it sits: a composition-root subcommand (DESIGN.md §10). It seeds a ``chaos.sim`` cluster of N GPU
 nodes, serves its Kubernetes API on 127.0.0.1:PORT, writes a kubeconfig for it, lays out one simulated GPU
-node per Kubernetes node under ``--gpu-state`` (its pods and their GPU processes mirrored from the cluster),
-and runs until SIGTERM or SIGINT, then exits 0. Point a real agent at a simulated node with
-``remediator agent --node gpu-node-0 --sim-gpus 8 --state <gpu-state>/gpu-node-0``, and inject faults into it
-from Python with ``SimGpuNode.attach(<gpu-state>/gpu-node-0/sim)``. The chaos package is imported inside
+node per Kubernetes node under ``--gpu-state`` (its pods and their GPU processes mirrored from the cluster)
+with that node's kubelet PodResources gRPC socket beside it (``<gpu-state>/<node>/pod-resources.sock``,
+``chaos.sim.podresources_server``), and runs until SIGTERM or SIGINT, then exits 0. Point a real agent at
+a simulated node with ``remediator agent --node gpu-node-0 --sim-gpus 8 --state <gpu-state>/gpu-node-0``
+(which finds the socket there by itself), and inject faults into it from Python with
+``SimGpuNode.attach(<gpu-state>/gpu-node-0/sim)``. The chaos package is imported inside
 the command, so loading the CLI never loads it.
 """
 
@@ -40,11 +42,20 @@ def sim(nodes: int, port: int, kubeconfig_out: Path, gpus_per_node: int, pools: 
     from chaos.kubelet import mirror_pods
     from chaos.sim import KubeApiServer, seed_cluster
     from chaos.sim.gpu_node import SimGpuNode
+    from chaos.sim.podresources_server import SOCKET_NAME, PodResourcesServers
+    from remediator.errors import PermanentError
 
     state = seed_cluster(nodes, gpus_per_node=gpus_per_node, pools=pools)
     gpu_root = gpu_state or kubeconfig_out.resolve().parent / "gpu-nodes"
     gpu_nodes = {n: SimGpuNode(gpu_root / n / "sim", name=n, gpus=gpus_per_node) for n in state.node_names()}
     mirror_pods(state, gpu_nodes)
+    kubelets = PodResourcesServers(state, gpu_nodes)  # each node's kubelet PodResources socket, beside its state
+    try:
+        for n in gpu_nodes:
+            kubelets.serve(n, (gpu_root / n / SOCKET_NAME).absolute())
+    except (PermanentError, OSError) as exc:
+        kubelets.stop()
+        raise click.ClickException(f"{exc} (--gpu-state DIR)") from exc
     stop = threading.Event()
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:
@@ -72,5 +83,6 @@ def sim(nodes: int, port: int, kubeconfig_out: Path, gpus_per_node: int, pools: 
         finally:
             server.stop()
     finally:
+        kubelets.stop()
         for s, handler in previous.items():
             signal.signal(s, handler)

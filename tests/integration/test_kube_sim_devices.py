@@ -2,26 +2,33 @@
 an isolated GPU is never given out, and the node agent names exactly the holders the service evicts.
 
 Where it sits: integration ring for chaos/sim (``kubelet``, ``ClusterState.gpu_allocation``,
-``attach_gpu_node``) joined with the simulated GPU node (``chaos.sim.gpu_node``), the real command responder
+``attach_gpu_node``) joined with the simulated GPU node (``chaos.sim.gpu_node``), the simulated kubelet's
+PodResources gRPC socket (``chaos.sim.podresources_server``) read by the agent's real client and holder view
+(``remediator.adapters.podresources``, ``remediator.agent.holders``), the real command responder
 (``remediator.agent.commands``), the real Kubernetes adapter over the simulator's HTTP API and the
 ``evict_gpu_pods`` step. No NATS: the agent port calls the responder directly.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import tempfile
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from chaos.kubelet import mirror_pods
 from chaos.sim import ClusterState, KubeApiServer, seed_cluster
 from chaos.sim.gpu_node import SimGpuNode
+from chaos.sim.podresources_server import PodResourcesServers
 from playbooks.catalog import PlaybookCatalog
 from playbooks.steps import StepContext, StepFailed, evict_gpu_pods
 from remediator.adapters.kube import AsyncKube, KubeAdapter
+from remediator.adapters.podresources import PodResourcesClient
 from remediator.agent.commands import CommandResponder
+from remediator.agent.holders import KubeletHolders, PodUids
 from remediator.agent.state import StateStore
 from remediator.contracts import AgentCommand, AgentReply, Decision, GpuRef
 from remediator.settings import Settings
@@ -45,10 +52,29 @@ def attached(cluster: ClusterState, tmp_path: Path, node: str) -> SimGpuNode:
     return sim
 
 
-def test_the_allocation_is_the_kubelets_and_reaches_the_gpu_node(tmp_path: Path) -> None:
+@pytest.fixture
+def sockets() -> Iterator[Path]:
+    """A short directory for unix sockets (pytest's tmp_path can be over the 107-byte address limit)."""
+    with tempfile.TemporaryDirectory(prefix="kubelet-") as d:
+        yield Path(d)
+
+
+def kubelet_view(cluster: ClusterState, sim: SimGpuNode, socket: Path) -> tuple[PodResourcesServers, KubeletHolders]:
+    """The node's kubelet PodResources socket served from ``cluster``, and the agent's holder view on it (the
+    pods' UIDs from the node's pod-log and kubelet pod directories, as on a real node)."""
+    mirror_pods(cluster, {sim.name: sim})
+    servers = PodResourcesServers(cluster, {sim.name: sim})
+    servers.serve(sim.name, socket)
+    view = KubeletHolders(PodResourcesClient(socket), lambda: [sim.identity(i) for i in range(sim.gpu_count())],
+                          uids=PodUids(sim.pod_logs_dir, sim.kubelet_pods_dir))
+    return servers, view
+
+
+def test_the_allocation_is_the_kubelets_and_reaches_the_agent_over_grpc(tmp_path: Path, sockets: Path) -> None:
     cluster = seed_cluster(1, gpus_per_pod=4)
     cluster.add_deployment("serve", "infer", replicas=2, gpus_per_pod=2)
     sim = attached(cluster, tmp_path, NODE)
+    servers, view = kubelet_view(cluster, sim, sockets / "pr.sock")
     alloc = cluster.gpu_allocation(NODE)
     assert sorted(alloc) == list(range(8))
     (train,) = cluster.job_pods("Job", "training", "train-0")
@@ -58,21 +84,26 @@ def test_the_allocation_is_the_kubelets_and_reaches_the_gpu_node(tmp_path: Path)
     assert len(infer) == 2 and cluster.gpu_indices_of("serve", sorted(infer)[0]) in ([4, 5], [6, 7])
     assert no_pod_carries_gpu_indices(cluster)
 
-    # The GPU node keeps the PodResources view, device IDs being GPU UUIDs; the agent's holders come from it.
-    entries = {e["name"]: e for e in cluster.pod_resources(NODE)}
-    devices = entries[train["metadata"]["name"]]["containers"][0]["devices"][0]
-    assert devices == {"resource_name": "nvidia.com/gpu", "device_ids": [sim.identity(i).uuid for i in range(4)]}
-    assert sim.pod_resources() == cluster.pod_resources(NODE)
-    (holder,) = sim.gpu_holders(sim.identity(2)) or ()
-    assert (holder.namespace, holder.name, holder.uid) == ("training", train["metadata"]["name"],
-                                                            train["metadata"]["uid"])
+    # The kubelet's socket serves the allocation, device IDs being GPU UUIDs, pods by namespace and name
+    # only; the agent's view joins it with the GPUs and finds each UID in the kubelet's pod directories.
+    try:
+        entries = {p.name: p for p in PodResourcesClient(sockets / "pr.sock").list()}
+        (devices,) = entries[train["metadata"]["name"]].containers[0].devices
+        assert (devices.resource_name, list(devices.device_ids)) == (
+            "nvidia.com/gpu", [sim.identity(i).uuid for i in range(4)])
+        (holder,) = view.gpu_holders(sim.identity(2)) or ()
+        assert (holder.namespace, holder.name, holder.uid) == ("training", train["metadata"]["name"],
+                                                                train["metadata"]["uid"])
 
-    # A pod that goes gives its GPUs back, and the GPU node hears of it.
-    cluster.delete("jobs", "train-0", "training", propagation="Background")
-    assert sorted(cluster.gpu_allocation(NODE)) == [4, 5, 6, 7]
-    assert sim.gpu_holders(sim.identity(2)) == ()
-    lone = SimGpuNode(tmp_path / "never-attached", name="lone", gpus=1)
-    assert lone.gpu_holders(lone.identity(0)) is None  # never given an allocation: it cannot tell
+        # A pod that goes gives its GPUs back, and the next answer says so.
+        cluster.delete("jobs", "train-0", "training", propagation="Background")
+        assert sorted(cluster.gpu_allocation(NODE)) == [4, 5, 6, 7]
+        assert view.gpu_holders(sim.identity(2)) == ()
+    finally:
+        servers.stop()
+    # No socket (a node without a kubelet answering): the view cannot tell, and says why.
+    assert view.gpu_holders(sim.identity(0)) is None
+    assert view.last_error is not None and "does not exist" in view.last_error
 
 
 async def test_an_isolated_gpu_is_never_given_to_a_new_pod(tmp_path: Path) -> None:
@@ -129,11 +160,14 @@ class ResponderPort:
 
 
 @pytest.fixture
-async def rig(tmp_path: Path) -> AsyncIterator[tuple[ClusterState, SimGpuNode, CommandResponder, AsyncKube]]:
+async def rig(tmp_path: Path, sockets: Path
+              ) -> AsyncIterator[tuple[ClusterState, SimGpuNode, CommandResponder, AsyncKube]]:
     cluster = seed_cluster(1, gpus_per_pod=4)
     cluster.add_deployment("serve", "infer", replicas=2, gpus_per_pod=2)
     sim = attached(cluster, tmp_path, NODE)
-    responder = CommandResponder(node=NODE, gpus=sim, host=sim, pods=sim, state=StateStore(tmp_path / "agent"))
+    servers, view = kubelet_view(cluster, sim, sockets / "pr.sock")
+    responder = CommandResponder(node=NODE, gpus=sim, host=sim, pods=sim, state=StateStore(tmp_path / "agent"),
+                                 pod_resources=view)
     with KubeApiServer(cluster) as server:
         adapter = KubeAdapter(str(server.write_kubeconfig(tmp_path / "kubeconfig")), drain_grace_period_s=0)
         kube = AsyncKube(adapter)
@@ -141,6 +175,7 @@ async def rig(tmp_path: Path) -> AsyncIterator[tuple[ClusterState, SimGpuNode, C
             yield cluster, sim, responder, kube
         finally:
             adapter.close()
+            servers.stop()
 
 
 def decision(index: int) -> Decision:
@@ -186,24 +221,8 @@ async def test_an_agent_that_cannot_tell_the_holders_says_so_and_nobody_is_evict
         rig: tuple[ClusterState, SimGpuNode, CommandResponder, AsyncKube], tmp_path: Path) -> None:
     cluster, sim, _, kube = rig
 
-    class NoPodResources:  # a GPU backend that is not a PodResourcesView, as NVML is today
-        def __init__(self, inner: SimGpuNode) -> None:
-            self.inner = inner
-
-        def gpu_count(self) -> int:
-            return self.inner.gpu_count()
-
-        def snapshot(self, index: int) -> Any:
-            return self.inner.snapshot(index)
-
-        def wait_xid(self, timeout_s: float) -> None:
-            return None
-
-        def close(self) -> None:
-            pass
-
-    blind = CommandResponder(node=NODE, gpus=NoPodResources(sim), host=sim, pods=sim,
-                             state=StateStore(tmp_path / "blind"))
+    # an agent with no PodResources socket (started without one on a node where none is mounted)
+    blind = CommandResponder(node=NODE, gpus=sim, host=sim, pods=sim, state=StateStore(tmp_path / "blind"))
     reply = await blind.handle(AgentCommand(id="iso-3", verb="isolate_gpu", gpu=GpuRef(index=3)))
     assert reply.ok and reply.after["holders_known"] is False and reply.after["holders"] == []
     assert "unknown" in reply.detail
