@@ -13,7 +13,7 @@ step).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from remediator.contracts import AgentReply, AgentVerb, AuditRecord, AuditWhat, Change, GpuRef, JobRef
@@ -62,6 +62,41 @@ class KubePort(Protocol):
     async def restart_job(self, job: JobRef, *, restart_id: str, grace_period_s: int | None = ...) -> Change: ...
 
     async def escalate(self, node: str, reason: str, incident: str) -> Change: ...
+
+    async def withdraw_gpu(self, node: str, gpu: GpuRef, *, effect: str = ..., value: str = ...) -> Change:
+        """Keep the scheduler off one GPU: a DRA DeviceTaintRule on that device (``NoSchedule``, or
+        ``NoExecute`` to have the control plane evict its pods), or with the device plugin our NoSchedule node
+        taint and the node recorded as partially withdrawn. Idempotent."""
+        ...
+
+    async def restore_gpu(self, node: str, gpu: GpuRef) -> Change:
+        """Undo ``withdraw_gpu``, touching only what it created."""
+        ...
+
+    async def pods_on_node(self, node: str) -> list[dict[str, Any]]:
+        """Every pod bound to ``node`` (summaries: name, namespace, uid, owner, daemonset, ...)."""
+        ...
+
+    async def annotate(self, node: str, annotations: Mapping[str, str | None]) -> Change:
+        """Set (None: remove) node annotations."""
+        ...
+
+    async def label(self, node: str, labels: Mapping[str, str | None]) -> Change:
+        """Set (None: remove) node labels; only the keys given are touched."""
+        ...
+
+    async def pods_selecting(self, node: str, label_keys: Sequence[str]) -> list[dict[str, Any]]:
+        """The pods on ``node`` whose ``spec.nodeSelector`` names one of ``label_keys`` (DaemonSet pods that
+        follow node labels, as the GPU Operator's operands do), with ``node_selector``."""
+        ...
+
+    async def create_job(self, namespace: str, manifest: Mapping[str, Any]) -> Change:
+        """Create a batch/v1 Job (unchanged when one of that name exists)."""
+        ...
+
+    async def delete_job(self, namespace: str, name: str) -> Change:
+        """Delete a batch/v1 Job with its pods (unchanged when it is gone)."""
+        ...
 
 
 class AgentPort(Protocol):

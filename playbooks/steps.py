@@ -259,42 +259,39 @@ async def evict_gpu_pods(ctx: StepContext, params: Mapping[str, Any]) -> Change:
 # --- GPU-level steps (node agent) ----------------------------------------------------------------------
 
 
-@step("isolate_gpu", undo="release_gpu", quarantine="gpu")
+def _joined(agent: Change, kube: Change) -> Change:
+    """The agent's change and the Kubernetes withdrawal's as one: the agent's state at the top level, the
+    scheduler's under ``withdrawal``; the detail says both."""
+    return Change(agent.changed or kube.changed, {**agent.before, "withdrawal": kube.before},
+                  {**agent.after, "withdrawal": kube.after}, f"{agent.detail}; {kube.detail}")
+
+
+@step("isolate_gpu", params=("effect",), undo="release_gpu", quarantine="gpu")
 async def isolate_gpu(ctx: StepContext, params: Mapping[str, Any]) -> Change:
-    """Stop new work landing on one GPU (the agent takes it out of the device plugin's healthy set)."""
+    """Take one GPU out of service so the scheduler honours it: the agent drains it on the node (``nvidia-smi
+    drain``: out of the device plugin's healthy set), then Kubernetes is told (a DRA DeviceTaintRule on that
+    device with ``effect`` NoSchedule, or NoExecute to have the control plane evict its pods; with the device
+    plugin, which has no per-device control, our NoSchedule node taint)."""
     gpu = _need_gpu(ctx)
+    effect = str(params.get("effect", "NoSchedule"))
+    if effect not in ("NoSchedule", "NoExecute"):
+        raise StepFailed(f"isolate_gpu: effect must be NoSchedule or NoExecute, not {effect!r}")
     reply = await ctx.agents.call(ctx.node, "isolate_gpu", gpu=gpu, command_id=ctx.command_id("isolate_gpu"),
                                   timeout_s=min(ctx.timeout_s, 30.0))
-    return _reply(reply, "isolate_gpu")
+    agent = _reply(reply, "isolate_gpu")
+    return _joined(agent, await ctx.kube.withdraw_gpu(ctx.node, gpu, effect=effect, value=ctx.decision.playbook))
 
 
 @step("release_gpu")
 async def release_gpu(ctx: StepContext, params: Mapping[str, Any]) -> Change:
-    """Put an isolated GPU back into the schedulable set."""
+    """Put an isolated GPU back into the schedulable set: the agent undrains it, then Kubernetes is told
+    (our DeviceTaintRule deleted, or the GPU taken off the node's withdrawn list and our node taint removed
+    with the last one)."""
     gpu = _need_gpu(ctx)
     reply = await ctx.agents.call(ctx.node, "release_gpu", gpu=gpu, command_id=ctx.command_id("release_gpu"),
                                   timeout_s=min(ctx.timeout_s, 30.0))
-    return _reply(reply, "release_gpu")
-
-
-@step("reset_gpu", params=("wait_idle_s", "interval_s"))
-async def reset_gpu(ctx: StepContext, params: Mapping[str, Any]) -> Change:
-    """Reset the GPU through the agent once no process holds it (waits for idle up to ``wait_idle_s``)."""
-    gpu = _need_gpu(ctx)
-    interval = float(params.get("interval_s", 2.0))
-    deadline = float(params.get("wait_idle_s", max(ctx.timeout_s - 10.0, 0.0)))
-    waited, n = 0.0, 0
-    while True:
-        reply = await ctx.agents.call(ctx.node, "reset_gpu", gpu=gpu, command_id=ctx.command_id("reset_gpu", n),
-                                      timeout_s=min(ctx.timeout_s, 60.0))
-        if reply.ok:
-            return _reply(reply, "reset_gpu")
-        if waited >= deadline:
-            raise StepFailed(f"reset_gpu: agent refused after {waited:g}s: {reply.detail}",
-                             before=dict(reply.before), after=dict(reply.after))
-        await ctx.sleep(interval)
-        waited += interval
-        n += 1
+    agent = _reply(reply, "release_gpu")
+    return _joined(agent, await ctx.kube.restore_gpu(ctx.node, gpu))
 
 
 @step("kill_orphans")
@@ -343,21 +340,6 @@ async def health_check(ctx: StepContext, params: Mapping[str, Any]) -> Change:
                              f"{last.detail if last else ''}", before=first, after=dict(last.after) if last else {})
         await ctx.sleep(v.interval_s)
         n += 1
-
-
-@step("reboot_node", params=("reason",), quarantine="node")
-async def reboot_node(ctx: StepContext, params: Mapping[str, Any]) -> Change:
-    """Reboot the node through the configured hook (POST), else through the agent."""
-    reason = str(params.get("reason", ctx.decision.reason))
-    hook = ctx.settings.reboot_hook_url
-    if hook:
-        body = {"node": ctx.node, "incident": ctx.decision.incident_id, "reason": reason,
-                "idempotency_key": ctx.command_id("reboot_node")}
-        await _post(ctx, hook, body)
-        return Change(True, {}, {"reboot_requested": True}, f"reboot requested from {hook}")
-    reply = await ctx.agents.call(ctx.node, "reboot_node", command_id=ctx.command_id("reboot_node"),
-                                  params={"reason": reason}, timeout_s=min(ctx.timeout_s, 60.0))
-    return _reply(reply, "reboot_node")
 
 
 # --- jobs ----------------------------------------------------------------------------------------------
@@ -506,3 +488,7 @@ def quarantine_of(playbook: Playbook, registry: StepRegistry = REGISTRY) -> Quar
     if "gpu" in kinds:
         return "gpu"
     return None
+
+
+# The GPU reset and the reboot steps live in their own modules, which register them here when imported.
+from playbooks import gpu_reset, reboot  # noqa: E402,F401

@@ -18,7 +18,7 @@ The handler thresholds (section ``handlers``) default to the constants of the ha
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -88,6 +88,9 @@ class KubeSettings:
     taint_key: str
     drain_timeout_s: float
     drain_grace_period_s: int
+    gpu_allocation: str = "auto"
+    dra_driver: str = "gpu.nvidia.com"
+    gpu_withdrawn_taint_key: str = "gpu-remediator/gpu-withdrawn"
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,7 @@ class HandlerSettings:
     memleak_growth_window_s: float
     memleak_growth_min_span_s: float
     memleak_growth_rising_fraction: float
+    memleak_growth_factor: float = 1.3
     rules_file: str | None = None
     rules_poll_s: float = 5.0
 
@@ -354,6 +358,21 @@ class Settings(BaseSettings):
     drain_grace_period_s: int = _in(
         "kube", default=30, ge=0, description="Termination grace period for evicted pods."
     )
+    gpu_allocation: Literal["auto", "dra", "device-plugin"] = _in(
+        "kube", default="auto",
+        description="How the cluster hands out GPUs, which decides how a withdrawn GPU is kept from the "
+                    "scheduler: dra (a DeviceTaintRule on that one device), device-plugin (a NoSchedule node "
+                    "taint; no per-device control exists) or auto (dra when resource.k8s.io serves "
+                    "ResourceSlices of the DRA driver, read once at start).",
+    )
+    dra_driver: str = _in(
+        "kube", default="gpu.nvidia.com", min_length=1, max_length=253,
+        description="DRA driver whose ResourceSlices publish the GPUs (NVIDIA's k8s-dra-driver-gpu).",
+    )
+    gpu_withdrawn_taint_key: str = _in(
+        "kube", default="gpu-remediator/gpu-withdrawn", min_length=1, max_length=316,
+        description="Key of the device taint (DRA) or node taint (device plugin) that withdraws a GPU.",
+    )
 
     # --- handlers ---------------------------------------------------------------------------------------
     incident_ttl_s: float = _in(
@@ -427,6 +446,11 @@ class Settings(BaseSettings):
     )
     memleak_growth_rising_fraction: float = _in(
         "handlers", default=0.8, gt=0, le=1, description="Fraction of sample-to-sample steps that must rise."
+    )
+    memleak_growth_factor: float = _in(
+        "handlers", default=1.3, gt=1,
+        description="A process reported with its baseline (the agent's memory-trend watch) leaks at this many "
+                    "times it, held for the growth min span.",
     )
     rules_file: str | None = _in(
         "handlers", default=None,
@@ -513,6 +537,49 @@ class Settings(BaseSettings):
     escalation_webhook_url: str | None = _in(
         "executor", default=None, description="URL POSTed on every escalation of a playbook with `webhook: true`."
     )
+    reboot_provider: Literal["agent", "hook", "annotation", "job"] | None = _in(
+        "executor", default=None,
+        description="Who reboots a node for the `reboot_node` step: `agent` (the node agent runs its "
+                    "`--reboot-command`), `hook` (POST to `reboot_hook_url`), `annotation` (set "
+                    "`reboot_annotation` on the node for a controller such as a cloud node-repair or medik8s), "
+                    "`job` (run the Job of `reboot_job_manifest` on the node). Unset: `hook` when "
+                    "`reboot_hook_url` is set, else `agent`. Whichever it is, the step succeeds only when the "
+                    "node's `status.nodeInfo.bootID` changed and it is Ready again within `reboot_timeout_s`.",
+    )
+    reboot_timeout_s: float = _in(
+        "executor", default=900.0, gt=0, le=7200,
+        description="How long the reboot step waits for the node's new boot id and Ready condition.",
+    )
+    reboot_poll_s: float = _in(
+        "executor", default=2.0, gt=0, le=60, description="Interval of the reboot step's node reads.",
+    )
+    reboot_annotation: str = _in(
+        "executor", default="gpu-remediator.io/reboot-requested", min_length=1, max_length=253,
+        description="Annotation (or label, with `reboot_annotation_as_label`) the `annotation` provider sets "
+                    "to the incident id; removed once the reboot is proven.",
+    )
+    reboot_annotation_as_label: bool = _in(
+        "executor", default=False, description="The `annotation` provider sets a node label instead.",
+    )
+    reboot_job_manifest: str | None = _in(
+        "executor", default=None,
+        description="YAML file of the batch/v1 Job the `job` provider runs on the node (its pod is pinned "
+                    "with `spec.nodeName`; the name is derived from the incident).",
+    )
+    reboot_job_namespace: str = _in(
+        "executor", default="gpu-remediator", min_length=1, max_length=63,
+        description="Namespace of the `job` provider's reboot Jobs.",
+    )
+    gpu_operands: str = _in(
+        "executor", default="device-plugin,gpu-feature-discovery,dcgm-exporter,dcgm,mig-manager", max_length=512,
+        description="GPU Operator operands moved off a node for a GPU reset, by their "
+                    "`nvidia.com/gpu.deploy.<operand>` node labels (comma-separated; empty: none). Only labels "
+                    "the node carries and that are not already `false` are changed, and each is restored.",
+    )
+    gpu_operand_timeout_s: float = _in(
+        "executor", default=300.0, gt=0, le=3600,
+        description="How long a GPU reset waits for the operands' pods to leave the node before it is refused.",
+    )
 
     @field_validator("http")
     @classmethod
@@ -566,7 +633,8 @@ class Settings(BaseSettings):
 
     def kube_view(self) -> KubeSettings:
         return KubeSettings(self.kubeconfig, self.kube_qps, self.kube_burst, self.kube_retry_budget_s,
-                            self.taint_key, self.drain_timeout_s, self.drain_grace_period_s)
+                            self.taint_key, self.drain_timeout_s, self.drain_grace_period_s,
+                            self.gpu_allocation, self.dra_driver, self.gpu_withdrawn_taint_key)
 
     def handlers_view(self) -> HandlerSettings:
         return HandlerSettings(**{name: getattr(self, name) for name in HandlerSettings.__dataclass_fields__})

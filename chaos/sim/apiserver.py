@@ -171,7 +171,33 @@ class ApiServer:
             obj["spec"] = self.workload_spec(rt, obj["metadata"]["name"], obj.get("spec"))
         elif "status" in rt.subresources and rt.plural != "nodes":
             obj = {k: v for k, v in obj.items() if k != "status"}
+        if rt.plural == "devicetaintrules":
+            obj = {**obj, "spec": self.device_taint_rule_spec(obj["metadata"]["name"], obj.get("spec"))}
         return obj
+
+    def device_taint_rule_spec(self, name: str, spec: Any) -> Obj:
+        """A DeviceTaintRule spec validated as resource.k8s.io validates it (422) and ``taint.timeAdded``
+        defaulted to now."""
+        def invalid(field_path: str, why: str) -> ApiError:
+            return ApiError(422, f'DeviceTaintRule.resource.k8s.io "{name}" is invalid: {field_path}: {why}',
+                            details={"name": name, "group": "resource.k8s.io", "kind": "DeviceTaintRule",
+                                     "causes": [{"reason": "FieldValueInvalid", "message": why,
+                                                 "field": field_path}]})
+
+        if not isinstance(spec, dict) or not isinstance(spec.get("taint"), dict):
+            raise invalid("spec.taint", "Required value")
+        taint = dict(spec["taint"])
+        if not taint.get("key"):
+            raise invalid("spec.taint.key", "Required value")
+        if taint.get("effect") not in ("None", "NoSchedule", "NoExecute"):
+            raise invalid("spec.taint.effect", f'Unsupported value: "{taint.get("effect")}": supported values: '
+                                               '"NoExecute", "NoSchedule", "None"')
+        selector = spec.get("deviceSelector")
+        if selector is not None and (not isinstance(selector, dict)
+                                     or set(selector) - {"driver", "pool", "device"}):
+            raise invalid("spec.deviceSelector", "Invalid value: only driver, pool and device may be set")
+        taint.setdefault("timeAdded", self.s.ts())
+        return {**spec, "taint": taint}
 
     @staticmethod
     def workload_spec(rt: ResourceType, name: str, spec: Any) -> Obj:

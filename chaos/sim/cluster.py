@@ -54,6 +54,7 @@ from typing import Any
 from chaos.sim.apiserver import ApiServer
 from chaos.sim.controllers import Controllers
 from chaos.sim.disruption import Disruption
+from chaos.sim.dra import Dra
 from chaos.sim.faults import FaultInjector, InjectedFault
 from chaos.sim.kube_patch import MERGE_PATCH
 from chaos.sim.kubelet import DeviceHolder, GpuNodeView, Kubelets
@@ -128,8 +129,11 @@ class ClusterState:
         self._store = Store(clock=clock, seed=seed, history=history, graceful_deletion=graceful_deletion)
         self._kubelets = Kubelets(self._store)
         self._disruption = Disruption(self._store)
-        self._scheduler = Scheduler(self._store, self._kubelets)
+        self._dra = Dra(self._store)
+        self._kubelets.claim_devices = self._dra.container_devices
+        self._scheduler = Scheduler(self._store, self._kubelets, self._dra)
         self._controllers = Controllers(self._store, self._scheduler, self._kubelets, self._disruption)
+        self._dra.delete_pod = self._controllers.delete_pod
         self._api = ApiServer(self._store, self._controllers, self._kubelets, self._disruption)
         self._faults = FaultInjector(self._store.lock, self._store.wakeup)
 
@@ -416,7 +420,73 @@ class ClusterState:
         it receives the node's device allocation, which its node agent reads back as the GPU's holders."""
         with self._store.lock:
             self._kubelets.attach(node, view)
+            if self._store.obj("resourceslices", "", self._dra.slice_name(node)) is not None:
+                # the DRA driver's kubelet plugin on that node now reads the GPUs' real identities
+                ids = view.device_ids()
+                gpu_state = getattr(view, "gpu_state", None)
+                pcis = [str(gpu_state(i)["pci"]) for i in range(len(ids))] if callable(gpu_state) else None
+                self._dra.publish(node, len(ids), ids, pcis)
+            self._controllers.reboots.adopt(node)  # status.nodeInfo.bootID: the GPU node's boot id
             self._controllers.reconcile()
+
+    # --- reboots (``controllers.Reboots``) --------------------------------------------------------
+
+    def reboot_node(self, node: str) -> None:
+        """Reboot ``node`` as its host would: the attached GPU node reboots (new boot id), or, without one,
+        the node gets a new boot id; either way it is NotReady for ``reboot_down_s`` and then Ready with the
+        new ``status.nodeInfo.bootID``."""
+        with self._store.lock:
+            if self._store.obj("nodes", "", node) is None:
+                raise ApiError.not_found(BY_PLURAL["nodes"], node)
+            self._controllers.reboots.reboot(node)
+            self._controllers.tick()
+
+    def reboots(self, node: str) -> int:
+        """How many times ``node`` went down for a reboot (its boot id changed)."""
+        with self._store.lock:
+            self._controllers.tick()
+            return self._controllers.reboots.count.get(node, 0)
+
+    @property
+    def reboot_down_s(self) -> float:
+        """How long a rebooting node stays NotReady (on the state's clock)."""
+        return self._controllers.reboots.down_s
+
+    @reboot_down_s.setter
+    def reboot_down_s(self, seconds: float) -> None:
+        with self._store.lock:
+            self._controllers.reboots.down_s = seconds
+
+    @property
+    def reboot_annotation(self) -> str:
+        """The node annotation the simulated node-repair controller reboots nodes for."""
+        return self._controllers.reboots.annotation
+
+    @reboot_annotation.setter
+    def reboot_annotation(self, key: str) -> None:
+        with self._store.lock:
+            self._controllers.reboots.annotation = key
+
+    # --- DRA (``chaos.sim.dra``) ------------------------------------------------------------------
+
+    @property
+    def gpu_allocation_mode(self) -> str:
+        """``dra`` when the DRA driver publishes ResourceSlices here, else ``device-plugin``."""
+        with self._store.lock:
+            return "dra" if self._dra.enabled else "device-plugin"
+
+    def device_taints(self, node: str, index: int) -> list[Obj]:
+        """The taints on ``node``'s DRA device for GPU ``index`` (its own and every DeviceTaintRule's)."""
+        with self._store.lock:
+            return [copy_obj(t) for d in self._dra.devices(node) if d.index == index for t in self._dra.taints(d)]
+
+    def claims_of(self, namespace: str, pod: str) -> list[Obj]:
+        """The ResourceClaims the pod uses (made by the resourceclaim controller from its templates)."""
+        with self._store.lock:
+            obj = self._store.obj("pods", namespace, pod)
+            if obj is None:
+                raise ApiError.not_found(BY_PLURAL["pods"], pod)
+            return [copy_obj(c) for _, c, _ in self._dra.pod_claims(obj) if c is not None]
 
     def set_node_ready(self, node: str, ready: bool = True) -> Obj:
         """Flip the node's Ready condition (a NotReady node takes no new pods)."""
@@ -583,7 +653,8 @@ class ClusterState:
 
 def seed_cluster(nodes: int, gpus_per_node: int = 8, pools: int = 1, *, gpus_per_pod: int | None = None,
                  pytorchjob_ranks: int = 2, clock: Callable[[], datetime] | None = None,
-                 seed: int = 0, graceful_deletion: bool = False) -> ClusterState:
+                 seed: int = 0, graceful_deletion: bool = False, gpu_allocation: str = "device-plugin",
+                 gpu_pods_per_node: int | None = None) -> ClusterState:
     """A cluster of ``nodes`` GPU nodes with training jobs, DaemonSets and PDBs (the layout is described in
     ``chaos.sim.seeding``).
 
@@ -591,14 +662,22 @@ def seed_cluster(nodes: int, gpus_per_node: int = 8, pools: int = 1, *, gpus_per
     defaults to half a node; ``pytorchjob_ranks`` is the number of nodes (one rank each) per PyTorchJob.
     No Deployments or StatefulSets are seeded: add them with ``add_deployment``/``add_statefulset``.
     ``graceful_deletion`` turns graceful pod termination on from the start (``ClusterState``).
+    ``gpu_allocation`` is ``device-plugin`` (``nvidia.com/gpu``) or ``dra`` (NVIDIA's DRA driver: ResourceSlices
+    and claims, ``chaos.sim.dra``); ``gpu_pods_per_node`` M seeds M single-pod Jobs per node instead, each
+    holding ``gpus_per_node / M`` GPUs (``chaos.sim.seeding``).
     """
     if nodes < 0 or gpus_per_node < 1 or pools < 1 or pytorchjob_ranks < 1:
         raise ValueError("nodes >= 0, gpus_per_node >= 1, pools >= 1 and pytorchjob_ranks >= 1 are required")
+    if gpu_allocation not in ("device-plugin", "dra"):
+        raise ValueError(f"gpu_allocation must be device-plugin or dra, not {gpu_allocation!r}")
+    if gpu_pods_per_node is not None and not (1 <= gpu_pods_per_node <= gpus_per_node
+                                              and gpus_per_node % gpu_pods_per_node == 0):
+        raise ValueError("gpu_pods_per_node must divide gpus_per_node")
     per_pod = gpus_per_pod if gpus_per_pod is not None else max(1, gpus_per_node // 2)
     if not 1 <= per_pod <= gpus_per_node:
         raise ValueError("gpus_per_pod must be between 1 and gpus_per_node")
     state = ClusterState(clock=clock, seed=seed, graceful_deletion=graceful_deletion)
     with state._store.lock:
-        Seeder(state._store, state._controllers, state._api, gpus_per_node, per_pod).seed(nodes, pools,
-                                                                                          pytorchjob_ranks)
+        Seeder(state._store, state._controllers, state._api, gpus_per_node, per_pod, allocation=gpu_allocation,
+               pods_per_node=gpu_pods_per_node).seed(nodes, pools, pytorchjob_ranks)
     return state

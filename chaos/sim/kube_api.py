@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 _JSON = "application/json"
-_GROUP_ORDER = ("apps", "batch", "policy", "coordination.k8s.io", "kubeflow.org")
+_GROUP_ORDER = ("apps", "batch", "policy", "coordination.k8s.io", "resource.k8s.io", "kubeflow.org")
 _STATUS_VERBS = ["get", "patch", "update"]
 
 

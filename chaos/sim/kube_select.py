@@ -152,6 +152,7 @@ _FIELDS: dict[str, dict[str, str]] = {
     },
     "jobs": {"status.successful": "0"},
     "namespaces": {"status.phase": ""},
+    "resourceslices": {"spec.nodeName": "", "spec.driver": ""},
 }
 
 

@@ -2,7 +2,8 @@
 
 Where it sits: used by the HTTP front (``kube_api``) when a request's ``Accept`` asks for ``as=Table``, as
 ``kubectl get`` does: nodes, pods, PDBs, DaemonSets, Deployments, ReplicaSets, StatefulSets, Jobs,
-PyTorchJobs, leases and events get their printer columns; any other type gets name and age.
+PyTorchJobs, leases, events, ResourceSlices and ResourceClaims get their printer columns; any other type
+(DeviceTaintRules, DeviceClasses, ResourceClaimTemplates among them) gets name and age.
 """
 
 from __future__ import annotations
@@ -164,6 +165,19 @@ def _event_cells(o: Obj, now: datetime) -> list[Any]:
             f"{str(inv.get('kind', '')).lower()}/{inv.get('name', '')}", o.get("message", ""), _age(o, now)]
 
 
+def _slice_cells(o: Obj, now: datetime) -> list[Any]:
+    spec = o.get("spec", {})
+    return [o["metadata"]["name"], spec.get("nodeName") or "", spec.get("driver", ""),
+            (spec.get("pool") or {}).get("name", ""), _age(o, now)]
+
+
+def _claim_cells(o: Obj, now: datetime) -> list[Any]:
+    st = o.get("status", {})
+    state = ",".join(s for s, on in (("allocated", st.get("allocation")), ("reserved", st.get("reservedFor")))
+                     if on) or "pending"
+    return [o["metadata"]["name"], state, _age(o, now)]
+
+
 def _generic_cells(o: Obj, now: datetime) -> list[Any]:
     return [o["metadata"]["name"], _age(o, now)]
 
@@ -197,6 +211,9 @@ _TABLES: dict[str, tuple[list[Column], Cells]] = {
     "leases": ([("Name", "string", 0), ("Holder", "string", 0), ("Age", "string", 0)], _lease_cells),
     "events": ([("Name", "string", 0), ("Type", "string", 0), ("Reason", "string", 0), ("Object", "string", 0),
                 ("Message", "string", 0), ("Age", "string", 0)], _event_cells),
+    "resourceslices": ([("Name", "string", 0), ("Node", "string", 0), ("Driver", "string", 0),
+                        ("Pool", "string", 0), ("Age", "string", 0)], _slice_cells),
+    "resourceclaims": ([("Name", "string", 0), ("State", "string", 0), ("Age", "string", 0)], _claim_cells),
 }
 
 

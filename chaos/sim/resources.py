@@ -32,7 +32,7 @@ STATEFULSET_POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 CONTROLLER_REVISION_HASH_LABEL = "controller-revision-hash"
 DEFAULT_GRACE_PERIOD_S = 30
-KUBERNETES_VERSION = "v1.32.4"
+KUBERNETES_VERSION = "v1.36.0"
 
 ALL_VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
 
@@ -76,6 +76,17 @@ RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("batch", "v1", "jobs", "Job", True, "job", (), ("status",), ("all",)),
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True, "lease"),
     ResourceType("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob", True, "pytorchjob", (), ("status",)),
+    # Dynamic Resource Allocation as a v1.36 server serves it (``chaos.sim.dra``): the GA types at
+    # resource.k8s.io/v1, DeviceTaintRule at v1beta2 only (it reaches v1 in 1.37), so a client that looks
+    # the version up by discovery finds each where it is.
+    ResourceType("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", False, "deviceclass"),
+    ResourceType("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True, "resourceclaim", (),
+                 ("status",)),
+    ResourceType("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True,
+                 "resourceclaimtemplate"),
+    ResourceType("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", False, "resourceslice"),
+    ResourceType("resource.k8s.io", "v1beta2", "devicetaintrules", "DeviceTaintRule", False, "devicetaintrule",
+                 (), ("status",)),
 )
 BY_PLURAL: dict[str, ResourceType] = {rt.plural: rt for rt in RESOURCES}
 OWNER_PLURAL = {"Job": "jobs", "PyTorchJob": "pytorchjobs", "DaemonSet": "daemonsets", "ReplicaSet": "replicasets",
@@ -246,14 +257,20 @@ def controller_ref(obj: Obj) -> Obj | None:
 
 
 def tolerates(tolerations: Iterable[Obj], taint: Obj) -> bool:
+    """Whether any of ``tolerations`` tolerates ``taint``, as ``Toleration.ToleratesTaint`` in
+    k8s.io/api/core/v1 decides (and DRA's device tolerations, which follow the same rules): an effect, when
+    set, must match; a key, when set, must match (an empty key with ``Exists`` tolerates every taint);
+    ``Exists`` ignores the value, ``Equal`` (or no operator) needs it equal; any other operator tolerates
+    nothing."""
     for t in tolerations:
         if t.get("effect") and t.get("effect") != taint.get("effect"):
             continue
-        op = t.get("operator", "Equal")
+        if t.get("key") and t.get("key") != taint.get("key"):
+            continue
+        op = t.get("operator") or "Equal"
         if op == "Exists":
-            if not t.get("key") or t.get("key") == taint.get("key"):
-                return True
-        elif t.get("key") == taint.get("key") and (t.get("value") or "") == (taint.get("value") or ""):
+            return True
+        if op == "Equal" and (t.get("value") or "") == (taint.get("value") or ""):
             return True
     return False
 

@@ -17,6 +17,16 @@ pods find room elsewhere). Every node also runs ``gpu-operator/nvidia-dcgm-expor
 ``gpu-remediator/gpu-remediator-agent`` DaemonSet pods, and every training job has a PodDisruptionBudget
 ``<job>-pdb`` that allows one disruption. No Deployments or StatefulSets are seeded, so seeded layouts
 stay as they are; ``ClusterState.add_deployment``/``add_statefulset`` add them.
+
+``pods_per_node`` M replaces the training layout: every node runs M single-pod Jobs ``train-<node
+index>-<k>`` (k = 0 … M-1), each pod holding ``gpus_per_node / M`` GPUs, so the node is full.
+
+``allocation="dra"`` seeds the cluster as NVIDIA's DRA driver runs it (``chaos.sim.dra``): nodes carry no
+``nvidia.com/gpu`` capacity; the driver's DeviceClass ``gpu.nvidia.com`` and one ResourceSlice per node are
+published; every training job gets a ResourceClaimTemplate ``<job>-gpus`` (one ``exactly`` request of that
+class for its pods' GPU count) which its pods name in ``spec.resourceClaims`` (``gpus``) and their
+container in ``resources.claims``; the pods are placed by the scheduler on the node the layout names (their
+claims made by the resourceclaim controller and allocated there).
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import uuid
 
 from chaos.sim.apiserver import ApiServer
 from chaos.sim.controllers import Controllers
+from chaos.sim.dra import DEVICE_CLASS
 from chaos.sim.resources import (
     BY_PLURAL,
     GPU_PRESENT_LABEL,
@@ -48,12 +59,16 @@ class Seeder:
     """Writes the seeded objects straight into the store, pods already bound where they belong."""
 
     def __init__(self, store: Store, controllers: Controllers, api: ApiServer, gpus_per_node: int,
-                 gpus_per_pod: int) -> None:
+                 gpus_per_pod: int, *, allocation: str = "device-plugin", pods_per_node: int | None = None) -> None:
         self.s = store
         self.c = controllers
         self.api = api
         self.gpus = gpus_per_node
         self.per_pod = gpus_per_pod
+        self.dra = allocation == "dra"
+        self.pods_per_node = pods_per_node
+        if pods_per_node is not None:
+            self.per_pod = gpus_per_node // pods_per_node
 
     def seed(self, nodes: int, pools: int, ranks: int) -> None:
         s = self.s
@@ -64,6 +79,10 @@ class Seeder:
         for i in range(nodes):
             pool = _pool_name(min(pools - 1, i * pools // max(nodes, 1)))
             s.commit(BY_PLURAL["nodes"], self.node(i, pool), "ADDED")
+        if self.dra:
+            self.c.scheduler.dra.install()
+            for name in s.node_order:
+                self.c.scheduler.dra.publish(name, self.gpus)
         self.daemonset("gpu-operator", "nvidia-dcgm-exporter", "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1",
                               {"app": "nvidia-dcgm-exporter"},
                               [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}])
@@ -72,6 +91,11 @@ class Seeder:
         names = list(s.node_order)
         block = 2 * ranks
         i = 0
+        if self.pods_per_node is not None:
+            for i, node in enumerate(names):
+                for k in range(self.pods_per_node):
+                    self.job(f"train-{i}-{k}", node)
+            i = len(names)
         while i < len(names):
             if i % block == 0 and i + ranks <= len(names):
                 self.pytorchjob(f"pytorch-{i // block}", names[i:i + ranks])
@@ -88,6 +112,8 @@ class Seeder:
         gpus = str(self.gpus)
         resources = {"cpu": "192", "memory": "2113546Mi", "pods": "110", "ephemeral-storage": "3750000000Ki",
                      "hugepages-1Gi": "0", "hugepages-2Mi": "0", GPU_RESOURCE: gpus}
+        if self.dra:  # no device plugin: the GPUs are DRA devices in the node's ResourceSlice
+            del resources[GPU_RESOURCE]
         now = self.s.ts()
         conds = [{"type": t, "status": "False", "reason": r, "message": m, "lastHeartbeatTime": now,
                   "lastTransitionTime": now}
@@ -144,32 +170,61 @@ class Seeder:
         c: Obj = {"name": name, "image": "nvcr.io/nvidia/pytorch:24.05-py3",
                   "command": ["torchrun", "train.py"],
                   "resources": {"limits": {GPU_RESOURCE: gpus}, "requests": {GPU_RESOURCE: gpus}}}
+        if self.dra:
+            c["resources"] = {"claims": [{"name": "gpus"}]}
         volumes: list[Obj] = []
         if emptydir:
             c["volumeMounts"] = [{"name": "dshm", "mountPath": "/dev/shm"}]
             volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
         return c, volumes
 
+    def claim_template(self, job: str) -> list[Obj]:
+        """DRA: the job's ResourceClaimTemplate ``<job>-gpus`` and the pod's ``spec.resourceClaims``."""
+        if not self.dra:
+            return []
+        self.s.commit(BY_PLURAL["resourceclaimtemplates"], {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": self.s.new_meta(f"{job}-gpus", TRAINING_NAMESPACE),
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+                "deviceClassName": DEVICE_CLASS, "allocationMode": "ExactCount", "count": self.per_pod}}]}}}},
+            "ADDED")
+        return [{"name": "gpus", "resourceClaimTemplateName": f"{job}-gpus"}]
+
+    def place(self, pod: Obj, node: str) -> None:
+        """DRA: the pending pod goes where the layout wants it, through the scheduler (claims allocated)."""
+        if not self.c.scheduler.bind_to(pod, node):
+            raise ValueError(f"seeding: {pod['metadata']['name']} does not fit {node}")
+
     def job(self, name: str, node: str) -> None:
         s = self.s
         c, _ = self.container("trainer", emptydir=False)
         meta = s.new_meta(name, TRAINING_NAMESPACE, generation=1, labels={"app.kubernetes.io/part-of": "training"})
+        pod_spec: Obj = {"containers": [c], "restartPolicy": "Never"}
+        claims = self.claim_template(name)
+        if claims:
+            pod_spec["resourceClaims"] = claims
         job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta,
                "spec": {"parallelism": 1, "completions": 1, "backoffLimit": 6, "completionMode": "NonIndexed",
                         "suspend": False, "manualSelector": False,
                         "selector": {"matchLabels": {"batch.kubernetes.io/controller-uid": meta["uid"]}},
                         "template": {"metadata": {"labels": {"app.kubernetes.io/part-of": "training"}},
-                                     "spec": {"containers": [c], "restartPolicy": "Never"}}},
+                                     "spec": pod_spec}},
                "status": {}}
         job = s.commit(BY_PLURAL["jobs"], job, "ADDED")
-        self.c.create_job_pod(job, node=node)
+        if self.dra:
+            self.place(self.c.create_job_pod(job), node)
+        else:
+            self.c.create_job_pod(job, node=node)
         self.pdb(f"{name}-pdb", {JOB_NAME_LABEL: name}, max_unavailable=1)
 
     def pytorchjob(self, name: str, nodes: list[str]) -> None:
         s = self.s
         c, volumes = self.container("pytorch", emptydir=True)
-        template = {"metadata": {"labels": {"app.kubernetes.io/part-of": "training"}},
-                    "spec": {"containers": [c], "volumes": volumes}}
+        template: Obj = {"metadata": {"labels": {"app.kubernetes.io/part-of": "training"}},
+                         "spec": {"containers": [c], "volumes": volumes}}
+        claims = self.claim_template(name)
+        if claims:
+            template["spec"]["resourceClaims"] = claims
         specs: Obj = {"Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": copy.deepcopy(template)}}
         if len(nodes) > 1:
             specs["Worker"] = {"replicas": len(nodes) - 1, "restartPolicy": "OnFailure",
@@ -181,7 +236,10 @@ class Seeder:
         ptj = s.commit(BY_PLURAL["pytorchjobs"], ptj, "ADDED")
         world = len(nodes)
         for (rtype, index, rank), node in zip(self.c.ranks(ptj), nodes, strict=True):
-            self.c.create_pytorch_pod(ptj, rtype, index, rank, world, node=node)
+            if self.dra:
+                self.place(self.c.create_pytorch_pod(ptj, rtype, index, rank, world), node)
+            else:
+                self.c.create_pytorch_pod(ptj, rtype, index, rank, world, node=node)
         self.pdb(f"{name}-pdb", {KUBEFLOW_JOB_NAME_LABEL: name}, min_available=max(0, world - 1))
 
     def pdb(self, name: str, match: dict[str, str], *, min_available: int | None = None,

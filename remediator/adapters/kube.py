@@ -17,7 +17,9 @@ state lives on the stack of one call.
 
 Client discipline, in one place (``KubeAdapter._request``):
 
-* every request, each retry included, first takes a token from a ``TokenBucket`` (default 20 QPS, burst 40);
+* every request, each retry included, first takes a token from a ``LanedLimiter`` (default 20 QPS, burst 40):
+  the one PATCH that quarantines a node (``quarantine``) in the ``quarantine`` lane, served first; reads and
+  everything else (drains, evictions, their polls) in turn, so neither starves;
 * 5xx (but 501), 408, 429 (honouring ``Retry-After``), connection errors and timeouts are retried by
   tenacity with exponential backoff and jitter, within a total budget (``retry_budget_s``); the client
   library's own urllib3 retries are switched off so there is exactly one retry layer at this boundary;
@@ -56,6 +58,7 @@ import hashlib
 import json
 import logging
 import random
+import re
 import socket
 import threading
 import time
@@ -72,11 +75,12 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from tenacity import RetryCallState, RetryError, Retrying, retry_if_exception
 
-from remediator.adapters.ratelimit import TokenBucket
+from remediator.adapters.ratelimit import LanedLimiter, current_lane, lane
 from remediator.contracts import JOB_LABELS, OPT_OUT_LABEL, POOL_LABEL, Change, JobRef
 from remediator.errors import Conflict, PermanentError, RemediatorError, TemporaryError
 
 if TYPE_CHECKING:
+    from remediator.contracts import GpuRef
     from remediator.settings import Settings
 
 __all__ = [
@@ -122,6 +126,16 @@ COMPONENT: Final = "gpu-remediator"
 TAINT_EFFECTS: Final = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 MERGE_PATCH: Final = "application/merge-patch+json"
+
+# GPU withdrawal (``withdraw_gpu``): DRA's API group and the versions looked for, newest first; the label on
+# the DeviceTaintRules we create (restore deletes only those); the node annotation listing the GPUs withdrawn
+# by a node taint (device-plugin fallback: the node is "partially withdrawn").
+DRA_GROUP: Final = "resource.k8s.io"
+DRA_VERSIONS: Final = ("v1", "v1beta2", "v1alpha3")
+MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
+WITHDRAWN_GPUS_ANNOTATION: Final = "gpu-remediator.io/withdrawn-gpus"
+WITHDRAWN_NODE_ANNOTATION: Final = "gpu-remediator.io/node"
+WITHDRAWN_GPU_ANNOTATION: Final = "gpu-remediator.io/gpu"
 
 # Controllers restart_job knows how to reach: kind -> (API group/version, plural).
 _CONTROLLERS: Final[dict[str, tuple[str, str]]] = {
@@ -290,6 +304,11 @@ def _brief(pod: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _label_value(text: str) -> str:
+    """``text`` as a valid label (and taint) value: at most 63 of ``[A-Za-z0-9._-]``, alphanumeric ends."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text)[:63].strip("-._")
+
+
 def _iso(dt: datetime) -> str:
     return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -336,7 +355,7 @@ class KubeAdapter:
         if conflict_attempts < 1:
             raise ValueError("conflict_attempts must be at least 1")
         self._api = self._load_client(kubeconfig)
-        self._bucket = TokenBucket(qps, burst, clock=clock, sleep=sleep)
+        self.limiter = LanedLimiter(qps, burst, clock=clock, sleep=sleep)
         self._retry_budget_s = float(retry_budget_s)
         self.taint_key = taint_key
         self._drain_timeout_s = float(drain_timeout_s)
@@ -366,7 +385,11 @@ class KubeAdapter:
             "instance": settings.replica_id or None,
         }
         kwargs.update(overrides)
-        return cls(settings.kubeconfig, **kwargs)
+        adapter = cls(settings.kubeconfig, **kwargs)
+        adapter.gpu_allocation = settings.gpu_allocation
+        adapter.dra_driver = settings.dra_driver
+        adapter.gpu_withdrawn_taint_key = settings.gpu_withdrawn_taint_key
+        return adapter
 
     @staticmethod
     def _load_client(kubeconfig: str | None) -> Any:
@@ -437,8 +460,10 @@ class KubeAdapter:
         start = self._clock()
         what = f"{kind or 'object'} {namespace + '/' if namespace else ''}{name}".strip()
 
+        request_lane = current_lane(method)
+
         def attempt() -> dict[str, Any]:
-            self._bucket.acquire()
+            self.limiter.acquire(request_lane)
             headers = {"Accept": "application/json"}
             if body is not None:
                 headers["Content-Type"] = content_type
@@ -600,8 +625,13 @@ class KubeAdapter:
             "opted_out": labels.get(OPT_OUT_LABEL, "").lower() == "true",
             "conditions": conditions,
             "ready": conditions.get("Ready") == "True",
-            "gpus": _quantity_to_int(capacity.get(GPU_RESOURCE)),
-            "gpus_allocatable": _quantity_to_int(allocatable.get(GPU_RESOURCE)),
+            # With DRA there is no nvidia.com/gpu capacity: GPU Feature Discovery's count label says how
+            # many GPUs the node has, and there is no device-plugin allocatable to lower.
+            "gpus": _quantity_to_int(capacity.get(GPU_RESOURCE)) if GPU_RESOURCE in capacity
+            else _quantity_to_int(labels.get("nvidia.com/gpu.count")),
+            "gpus_allocatable": _quantity_to_int(allocatable.get(GPU_RESOURCE)) if GPU_RESOURCE in capacity
+            else _quantity_to_int(labels.get("nvidia.com/gpu.count")),
+            "boot_id": str((status.get("nodeInfo") or {}).get("bootID") or "") or None,
         }
 
     @staticmethod
@@ -619,7 +649,7 @@ class KubeAdapter:
     def get_node(self, name: str) -> dict[str, Any]:
         """A node summary: ``name, uid, resource_version, labels, annotations, taints [{key, value,
         effect}], unschedulable, pool, opted_out, conditions {type: status}, ready, gpus,
-        gpus_allocatable``. Raises ``NotFound``."""
+        gpus_allocatable, boot_id`` (``status.nodeInfo.bootID``, None when unset). Raises ``NotFound``."""
         return self._node_summary(self._raw_node(name))
 
     def find_node(self, name: str) -> dict[str, Any] | None:
@@ -646,7 +676,7 @@ class KubeAdapter:
         if resource_version is None:
             page = self._request("GET", "/api/v1/nodes", query={"limit": 1}, kind="NodeList")
             return str(_meta(page).get("resourceVersion") or "") or None
-        self._bucket.acquire()
+        self.limiter.acquire(current_lane("GET"))
         query = [("watch", "1"), ("resourceVersion", resource_version),
                  ("timeoutSeconds", max(1, int(timeout_s))), ("allowWatchBookmarks", "false")]
         m, url, hdrs, payload, _ = self._api.param_serialize(
@@ -737,20 +767,62 @@ class KubeAdapter:
             raise KubePermanentError(f"unknown taint effect {effect!r}")
 
         def decide(raw: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
-            taints = _raw_taints(raw)
-            for t in taints:
-                if t.get("key") == key and t.get("effect") == effect:
-                    have = str(t.get("value") or "")
-                    if have == value:
-                        return None, f"{node} already has taint {key}={value}:{effect}"
-                    return None, f"{node} already has taint {key}:{effect} with value {have!r} (not ours); left"
-            new: dict[str, Any] = {"key": key, "value": value, "effect": effect}
-            if effect == "NoExecute":
-                new["timeAdded"] = _iso(self._wall_clock())
-            return {"spec": {"taints": [*taints, new]}}, f"tainted {node} with {key}={value}:{effect}"
+            return self._taint_patch(node, raw, key, value, effect)
 
         before, after, changed, detail = self._mutate_node(node, decide)
         return Change(changed, self._node_state(before), self._node_state(after), detail)
+
+    def _taint_patch(self, node: str, raw: Mapping[str, Any], key: str, value: str,
+                     effect: str) -> tuple[dict[str, Any] | None, str]:
+        taints = _raw_taints(raw)
+        for t in taints:
+            if t.get("key") == key and t.get("effect") == effect:
+                have = str(t.get("value") or "")
+                if have == value:
+                    return None, f"{node} already has taint {key}={value}:{effect}"
+                return None, f"{node} already has taint {key}:{effect} with value {have!r} (not ours); left"
+        new: dict[str, Any] = {"key": key, "value": value, "effect": effect}
+        if effect == "NoExecute":
+            new["timeAdded"] = _iso(self._wall_clock())
+        return {"spec": {"taints": [*taints, new]}}, f"tainted {node} with {key}={value}:{effect}"
+
+    def _cordon_patch(self, node: str, raw: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str]:
+        if _unschedulable(raw):
+            return None, f"{node} was already cordoned"
+        patch = {
+            "spec": {"unschedulable": True},
+            "metadata": {"annotations": {CORDONED_BY_US_ANNOTATION: _iso(self._wall_clock())}},
+        }
+        return patch, f"cordoned {node}"
+
+    def quarantine(self, node: str, key: str, value: str, effect: str = "NoSchedule") -> tuple[Change, Change]:
+        """``taint`` and ``cordon`` in one request, in the limiter's ``quarantine`` lane (served before every
+        queued drain and read): one read of the node and one merge PATCH carrying the taint list and
+        ``spec.unschedulable`` with the node's ``resourceVersion`` as a precondition (a concurrent writer
+        makes it fail with 409, and both are re-decided on a fresh read). Returns the two ``Change``s as
+        ``taint`` and ``cordon`` would have (each ``changed`` only when its part was in the patch; a part
+        already in place, or someone else's taint under our key, is left as those methods leave it)."""
+        if effect not in TAINT_EFFECTS:
+            raise KubePermanentError(f"unknown taint effect {effect!r}")
+        parts: dict[str, tuple[bool, str]] = {}
+
+        def decide(raw: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+            taint, taint_detail = self._taint_patch(node, raw, key, value, effect)
+            cordon, cordon_detail = self._cordon_patch(node, raw)
+            parts["taint"] = (taint is not None, taint_detail)
+            parts["cordon"] = (cordon is not None, cordon_detail)
+            if taint is None and cordon is None:
+                return None, f"{taint_detail}; {cordon_detail}"
+            patch: dict[str, Any] = {"spec": {**(taint or {}).get("spec", {}), **(cordon or {}).get("spec", {})}}
+            if cordon is not None:
+                patch["metadata"] = dict(cordon["metadata"])
+            return patch, f"{taint_detail}; {cordon_detail}"
+
+        with lane("quarantine"):
+            before, after, _changed, _detail = self._mutate_node(node, decide)
+        b, a = self._node_state(before), self._node_state(after)
+        return (Change(parts["taint"][0], b, a, parts["taint"][1]),
+                Change(parts["cordon"][0], b, a, parts["cordon"][1]))
 
     def untaint(
         self, node: str, key: str, effect: str | None = "NoSchedule", *, only_if_value: str | None = None
@@ -784,13 +856,7 @@ class KubeAdapter:
         cordon, a ``gpu-remediator.io/cordoned-at`` annotation marks the cordon as ours."""
 
         def decide(raw: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
-            if _unschedulable(raw):
-                return None, f"{node} was already cordoned"
-            patch = {
-                "spec": {"unschedulable": True},
-                "metadata": {"annotations": {CORDONED_BY_US_ANNOTATION: _iso(self._wall_clock())}},
-            }
-            return patch, f"cordoned {node}"
+            return self._cordon_patch(node, raw)
 
         before, after, changed, detail = self._mutate_node(node, decide)
         return Change(changed, self._node_state(before), self._node_state(after), detail)
@@ -828,6 +894,26 @@ class KubeAdapter:
             changed,
             {"annotations": {k: _annotations(before).get(k) for k in keys}},
             {"annotations": {k: _annotations(after).get(k) for k in keys}},
+            detail,
+        )
+
+    def label(self, node: str, labels: Mapping[str, str | None]) -> Change:
+        """Set (or, for ``None``, remove) node labels; ``before``/``after`` show only those keys."""
+
+        def decide(raw: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+            have = _labels(raw)
+            diff = {k: v for k, v in labels.items() if have.get(k) != v}
+            if not diff:
+                return None, f"{node} labels already as asked"
+            return {"metadata": {"labels": diff}}, f"labelled {node}: " + ", ".join(
+                f"{k}={'<removed>' if v is None else v}" for k, v in sorted(diff.items()))
+
+        before, after, changed, detail = self._mutate_node(node, decide)
+        keys = list(labels)
+        return Change(
+            changed,
+            {"labels": {k: _labels(before).get(k) for k in keys}},
+            {"labels": {k: _labels(after).get(k) for k in keys}},
             detail,
         )
 
@@ -873,6 +959,20 @@ class KubeAdapter:
         # Field selectors are the server's job; checking again costs nothing and guards a lax server.
         pods = [self._pod_summary(p) for p in raw if (p.get("spec") or {}).get("nodeName") == node]
         return sorted(pods, key=lambda p: (p["namespace"], p["name"]))
+
+    def pods_selecting(self, node: str, label_keys: Sequence[str]) -> list[dict[str, Any]]:
+        """The pods on ``node`` whose ``spec.nodeSelector`` names one of ``label_keys`` (the GPU Operator's
+        operand DaemonSets select nodes by ``nvidia.com/gpu.deploy.<operand>``, and their pods carry the
+        template's selector): ``pods_on_node``'s summaries plus ``node_selector``."""
+        keys = set(label_keys)
+        raw = self._list("/api/v1/pods", {"fieldSelector": f"spec.nodeName={node}"}, kind="PodList")
+        out = []
+        for p in raw:
+            spec = p.get("spec") or {}
+            selector = {str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()}
+            if spec.get("nodeName") == node and keys & set(selector):
+                out.append({**self._pod_summary(p), "node_selector": selector})
+        return sorted(out, key=lambda p: (p["namespace"], p["name"]))
 
     def job_of_pod(self, pod: Mapping[str, Any]) -> JobRef | None:
         """The controller whose gang a pod belongs to, or ``None`` for DaemonSet and mirror pods.
@@ -1327,6 +1427,29 @@ class KubeAdapter:
         obj = self._request("GET", self._object_path(job), kind=job.kind, name=job.name, namespace=job.namespace)
         return self._job_pods(job, obj)
 
+    # --- reboot Jobs ---------------------------------------------------------------------------------
+
+    def create_job(self, namespace: str, manifest: Mapping[str, Any]) -> Change:
+        """Create a batch/v1 Job; one that already exists under that name is left as it is (unchanged)."""
+        name = str(_meta(manifest).get("name") or "")
+        try:
+            created = self._request("POST", f"/apis/batch/v1/namespaces/{namespace}/jobs", body=dict(manifest),
+                                    kind="Job", name=name, namespace=namespace)
+        except _Conflict:
+            return Change(False, {"job": f"{namespace}/{name}"}, {"job": f"{namespace}/{name}", "created": False},
+                          f"Job {namespace}/{name} already exists")
+        return Change(True, {}, {"job": f"{namespace}/{name}", "uid": _meta(created).get("uid"), "created": True},
+                      f"created Job {namespace}/{name}")
+
+    def delete_job(self, namespace: str, name: str) -> Change:
+        """Delete a batch/v1 Job and its pods (background propagation); a Job already gone is unchanged."""
+        try:
+            self._request("DELETE", f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}",
+                          body={"propagationPolicy": "Background"}, kind="Job", name=name, namespace=namespace)
+        except NotFound:
+            return Change(False, {"job": f"{namespace}/{name}"}, {"deleted": False}, f"Job {namespace}/{name} is gone")
+        return Change(True, {"job": f"{namespace}/{name}"}, {"deleted": True}, f"deleted Job {namespace}/{name}")
+
     # --- events and escalation -----------------------------------------------------------------------
 
     def create_event(
@@ -1402,6 +1525,247 @@ class KubeAdapter:
             {**annotation.after, **event.after},
             f"escalated {node} for incident {incident}" if changed else f"{node} already escalated for {incident}",
         )
+
+    # --- GPU withdrawal: a DRA device taint, or the device plugin's node-taint fallback ---------------
+    #
+    # ``withdraw_gpu`` keeps the scheduler off one GPU; ``restore_gpu`` undoes only what it did. How depends
+    # on how the cluster hands out GPUs (``gpu_allocation_mode``): with DRA (NVIDIA's driver publishes
+    # ResourceSlices) a DeviceTaintRule selects exactly that device; with the device plugin
+    # (``nvidia.com/gpu``) Kubernetes has no per-device scheduling control, so the node gets our NoSchedule
+    # taint (no new pod lands there, running pods keep running) and is recorded as partially withdrawn.
+
+    gpu_allocation: str = "auto"            # REMEDIATOR_GPU_ALLOCATION: auto | dra | device-plugin
+    dra_driver: str = "gpu.nvidia.com"       # REMEDIATOR_DRA_DRIVER
+    gpu_withdrawn_taint_key: str = "gpu-remediator/gpu-withdrawn"  # REMEDIATOR_GPU_WITHDRAWN_TAINT_KEY
+    _detected_mode: str | None = None
+    _dra_versions: dict[str, str | None] | None = None
+
+    def _dra_version(self, plural: str) -> str | None:
+        """The ``resource.k8s.io`` version that serves ``plural`` (v1, else v1beta2, else v1alpha3), by
+        discovery, read once; None when none does."""
+        if self._dra_versions is None:
+            served: dict[str, str | None] = {}
+            for version in DRA_VERSIONS:
+                try:
+                    doc = self._request("GET", f"/apis/{DRA_GROUP}/{version}", kind="APIResourceList",
+                                        name=f"{DRA_GROUP}/{version}")
+                except NotFound:
+                    continue
+                for r in doc.get("resources") or []:
+                    name = str(r.get("name", "")) if isinstance(r, dict) else ""
+                    if name and "/" not in name and name not in served:
+                        served[name] = version
+            self._dra_versions = served
+        return self._dra_versions.get(plural)
+
+    def gpu_allocation_mode(self) -> str:
+        """``dra`` or ``device-plugin``: the setting, or with ``auto`` what the cluster shows (``dra`` when
+        ``resource.k8s.io`` serves ResourceSlices and one of them is the DRA driver's). Read once."""
+        if self.gpu_allocation in ("dra", "device-plugin"):
+            return self.gpu_allocation
+        if self._detected_mode is None:
+            version = self._dra_version("resourceslices")
+            mode = "device-plugin"
+            if version is not None:
+                page = self._request("GET", f"/apis/{DRA_GROUP}/{version}/resourceslices",
+                                     query={"fieldSelector": f"spec.driver={self.dra_driver}", "limit": 1},
+                                     kind="ResourceSliceList")
+                if page.get("items"):
+                    mode = "dra"
+            self._detected_mode = mode
+            log.info("GPU allocation: %s (REMEDIATOR_GPU_ALLOCATION=auto)", mode)
+        return self._detected_mode
+
+    def find_gpu_device(self, node: str, gpu: GpuRef) -> dict[str, str] | None:
+        """The DRA device of ``gpu`` on ``node`` (``{driver, pool, device, slice}``): in a ResourceSlice of
+        the driver on that node, the device whose ``uuid`` attribute is the GPU's UUID, else whose
+        ``pcieBusID`` is its PCI bus id, else whose ``index`` (or ``minor``, which NVIDIA's driver names
+        the device by: ``gpu-<minor>``) is its index. None when the node publishes no such device."""
+        version = self._dra_version("resourceslices")
+        if version is None:
+            return None
+        slices = self._list(f"/apis/{DRA_GROUP}/{version}/resourceslices",
+                            {"fieldSelector": f"spec.nodeName={node},spec.driver={self.dra_driver}"},
+                            kind="ResourceSliceList")
+        candidates: list[tuple[int, dict[str, str]]] = []
+        for s in slices:
+            spec = s.get("spec") or {}
+            if spec.get("driver") != self.dra_driver or spec.get("nodeName") != node:
+                continue
+            pool = str((spec.get("pool") or {}).get("name", ""))
+            for d in spec.get("devices") or []:
+                attrs = d.get("attributes") or {}
+
+                def attr(name: str, attrs: Mapping[str, Any] = attrs) -> Any:
+                    v = attrs.get(name) or attrs.get(f"{self.dra_driver}/{name}") or {}
+                    return v.get("string", v.get("int")) if isinstance(v, dict) else None
+
+                found = {"driver": self.dra_driver, "pool": pool, "device": str(d.get("name", "")),
+                         "slice": str(_meta(s).get("name", ""))}
+                pci = attr("pcieBusID")
+                if gpu.uuid and attr("uuid") == gpu.uuid:
+                    candidates.append((0, found))
+                elif gpu.pci_bus_id and isinstance(pci, str) and pci.lower() == gpu.pci_bus_id.lower():
+                    candidates.append((1, found))
+                elif gpu.index is not None and not gpu.uuid and not gpu.pci_bus_id and (
+                        attr("index") == gpu.index or (attr("index") is None and attr("minor") == gpu.index)):
+                    candidates.append((2, found))
+        return min(candidates, key=lambda c: c[0])[1] if candidates else None
+
+    @staticmethod
+    def device_taint_rule_name(pool: str, device: str) -> str:
+        """Our DeviceTaintRule's name for one device: deterministic, so creating it twice is a no-op."""
+        base = re.sub(r"[^a-z0-9.-]+", "-", f"gpu-remediator-{pool}-{device}".lower()).strip("-.")
+        if len(base) > 200:
+            base = f"{base[:189]}-{hashlib.sha256(base.encode()).hexdigest()[:10]}"
+        return base
+
+    @staticmethod
+    def _withdrawn(raw: Mapping[str, Any]) -> list[str]:
+        try:
+            value = json.loads(_annotations(raw).get(WITHDRAWN_GPUS_ANNOTATION) or "[]")
+        except ValueError:
+            return []
+        return [str(v) for v in value] if isinstance(value, list) else []
+
+    def withdraw_gpu(self, node: str, gpu: GpuRef, *, effect: str = "NoSchedule", value: str = "") -> Change:
+        """Keep the scheduler off ``gpu`` of ``node`` (see the section comment). ``effect`` NoExecute (DRA
+        only) also has the control plane evict the pods using the device. Idempotent."""
+        if effect not in ("NoSchedule", "NoExecute"):
+            raise KubePermanentError(f"withdraw_gpu: effect must be NoSchedule or NoExecute, not {effect!r}")
+        if self.gpu_allocation_mode() == "dra":
+            return self._taint_device(node, gpu, effect, value)
+        return self._withdraw_on_node(node, gpu, value)
+
+    def restore_gpu(self, node: str, gpu: GpuRef) -> Change:
+        """Undo ``withdraw_gpu``: delete our DeviceTaintRule for the device (never one we did not create), or
+        take the GPU off the node's withdrawn list and remove our node taint with the last one."""
+        if self.gpu_allocation_mode() == "dra":
+            return self._untaint_device(node, gpu)
+        return self._restore_on_node(node, gpu)
+
+    def _device_or_fail(self, node: str, gpu: GpuRef) -> dict[str, str]:
+        dev = self.find_gpu_device(node, gpu)
+        if dev is None:
+            raise KubePermanentError(
+                f"no {self.dra_driver} DRA device for GPU {gpu.key} in the ResourceSlices of {node}: check the "
+                f"DRA driver runs there, or set REMEDIATOR_GPU_ALLOCATION=device-plugin")
+        return dev
+
+    def _taint_device(self, node: str, gpu: GpuRef, effect: str, value: str) -> Change:
+        dev = self._device_or_fail(node, gpu)
+        version = self._dra_version("devicetaintrules")
+        if version is None:
+            raise KubePermanentError(
+                f"{DRA_GROUP} serves no DeviceTaintRule (v1, v1beta2 or v1alpha3): enable the DRADeviceTaints "
+                "feature and its API, or set REMEDIATOR_GPU_ALLOCATION=device-plugin")
+        name = self.device_taint_rule_name(dev["pool"], dev["device"])
+        selector = {k: dev[k] for k in ("driver", "pool", "device")}
+        taint = {"key": self.gpu_withdrawn_taint_key, "value": _label_value(value), "effect": effect}
+        summary = {"mode": "dra", "rule": name, "device": selector, "effect": effect}
+        body = {"apiVersion": f"{DRA_GROUP}/{version}", "kind": "DeviceTaintRule",
+                "metadata": {"name": name, "labels": {MANAGED_BY_LABEL: COMPONENT},
+                             "annotations": {WITHDRAWN_NODE_ANNOTATION: node, WITHDRAWN_GPU_ANNOTATION: gpu.key}},
+                "spec": {"deviceSelector": selector, "taint": taint}}
+        try:
+            self._request("POST", f"/apis/{DRA_GROUP}/{version}/devicetaintrules", body=body,
+                          kind="DeviceTaintRule", name=name)
+            return Change(True, {"mode": "dra", "rule": None, "device": selector},
+                          {**summary, "changed_by_us": True},
+                          f"DeviceTaintRule {name}: {self.gpu_withdrawn_taint_key}:{effect} on {dev['driver']}/"
+                          f"{dev['pool']}/{dev['device']} (GPU {gpu.key}); the node stays schedulable")
+        except _Conflict:
+            pass  # it exists: ours from an earlier try, or someone else's with that name
+        have = self._request("GET", f"/apis/{DRA_GROUP}/{version}/devicetaintrules/{name}",
+                             kind="DeviceTaintRule", name=name)
+        ours = _labels(have).get(MANAGED_BY_LABEL) == COMPONENT
+        have_taint = (have.get("spec") or {}).get("taint") or {}
+        if not ours:
+            return Change(False, {"mode": "dra", "rule": name, "ours": False}, {**summary, "ours": False},
+                          f"DeviceTaintRule {name} exists and is not ours; left as it is")
+        if have_taint.get("effect") == effect:
+            return Change(False, {**summary}, {**summary},
+                          f"DeviceTaintRule {name} already withdraws GPU {gpu.key} ({effect})")
+        patched = {"spec": {"taint": {**have_taint, "effect": effect, "timeAdded": None}},
+                   "metadata": {"resourceVersion": _meta(have).get("resourceVersion")}}
+        self._request("PATCH", f"/apis/{DRA_GROUP}/{version}/devicetaintrules/{name}", body=patched,
+                      content_type=MERGE_PATCH, kind="DeviceTaintRule", name=name)
+        return Change(True, {**summary, "effect": have_taint.get("effect")}, {**summary, "changed_by_us": True},
+                      f"DeviceTaintRule {name}: effect {have_taint.get('effect')} -> {effect}")
+
+    def _untaint_device(self, node: str, gpu: GpuRef) -> Change:
+        version = self._dra_version("devicetaintrules")
+        dev = self.find_gpu_device(node, gpu)
+        if version is None or dev is None:
+            return Change(False, {"mode": "dra", "rule": None}, {"mode": "dra", "rule": None},
+                          f"no DeviceTaintRule to remove for GPU {gpu.key} of {node}")
+        name = self.device_taint_rule_name(dev["pool"], dev["device"])
+        path = f"/apis/{DRA_GROUP}/{version}/devicetaintrules/{name}"
+        try:
+            have = self._request("GET", path, kind="DeviceTaintRule", name=name)
+        except NotFound:
+            return Change(False, {"mode": "dra", "rule": None}, {"mode": "dra", "rule": None},
+                          f"DeviceTaintRule {name} is already gone")
+        if _labels(have).get(MANAGED_BY_LABEL) != COMPONENT:
+            return Change(False, {"mode": "dra", "rule": name, "ours": False}, {"mode": "dra", "rule": name},
+                          f"DeviceTaintRule {name} is not ours; left as it is")
+        with contextlib.suppress(NotFound):
+            self._request("DELETE", path, body={"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {
+                "uid": _meta(have).get("uid")}}, kind="DeviceTaintRule", name=name)
+        return Change(True, {"mode": "dra", "rule": name}, {"mode": "dra", "rule": None},
+                      f"deleted DeviceTaintRule {name}: GPU {gpu.key} of {node} is schedulable again")
+
+    def _node_withdrawal_state(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        status = raw.get("status") or {}
+        capacity = _quantity_to_int((status.get("capacity") or {}).get(GPU_RESOURCE))
+        allocatable = _quantity_to_int((status.get("allocatable") or {}).get(GPU_RESOURCE))
+        taint = next((_taint_view(t) for t in _raw_taints(raw) if t.get("key") == self.gpu_withdrawn_taint_key
+                      and t.get("effect") == "NoSchedule"), None)
+        return {"mode": "device-plugin", "taint": taint, "withdrawn_gpus": self._withdrawn(raw),
+                # evidence: the device plugin's own view (a GPU it found unhealthy leaves allocatable)
+                "device_plugin": {"capacity": capacity, "allocatable": allocatable,
+                                  "unhealthy": max(0, capacity - allocatable)}}
+
+    def _withdraw_on_node(self, node: str, gpu: GpuRef, value: str) -> Change:
+        def decide(raw: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+            withdrawn = self._withdrawn(raw)
+            taints = _raw_taints(raw)
+            has_taint = any(t.get("key") == self.gpu_withdrawn_taint_key and t.get("effect") == "NoSchedule"
+                            for t in taints)
+            if gpu.key in withdrawn and has_taint:
+                return None, f"{node} already partially withdrawn for GPU {gpu.key}"
+            patch: dict[str, Any] = {"metadata": {"annotations": {
+                WITHDRAWN_GPUS_ANNOTATION: json.dumps(sorted({*withdrawn, gpu.key}))}}}
+            if not has_taint:
+                patch["spec"] = {"taints": [*taints, {"key": self.gpu_withdrawn_taint_key,
+                                                      "value": _label_value(value), "effect": "NoSchedule"}]}
+            return patch, (f"device plugin: no per-device scheduling control exists, so {node} carries "
+                           f"{self.gpu_withdrawn_taint_key}:NoSchedule (no new pod lands on it; running pods on "
+                           f"its healthy GPUs keep running) and is partially withdrawn (GPU {gpu.key})")
+
+        before, after, changed, detail = self._mutate_node(node, decide)
+        b, a = self._node_withdrawal_state(before), self._node_withdrawal_state(after)
+        a["changed_by_us"] = changed and b["taint"] is None
+        unhealthy = a["device_plugin"]["unhealthy"]
+        if unhealthy:
+            detail += f"; the device plugin already reports {unhealthy} GPU(s) unhealthy (allocatable below capacity)"
+        return Change(changed, b, a, detail)
+
+    def _restore_on_node(self, node: str, gpu: GpuRef) -> Change:
+        def decide(raw: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+            withdrawn = self._withdrawn(raw)
+            if gpu.key not in withdrawn:
+                return None, f"GPU {gpu.key} of {node} was not withdrawn by us"
+            left = [k for k in withdrawn if k != gpu.key]
+            patch: dict[str, Any] = {"metadata": {"annotations": {
+                WITHDRAWN_GPUS_ANNOTATION: json.dumps(left) if left else None}}}
+            if left:
+                return patch, f"GPU {gpu.key} of {node} restored; {node} stays partially withdrawn ({left})"
+            patch["spec"] = {"taints": [t for t in _raw_taints(raw) if t.get("key") != self.gpu_withdrawn_taint_key]}
+            return patch, f"GPU {gpu.key} of {node} restored; removed {self.gpu_withdrawn_taint_key} from {node}"
+
+        before, after, changed, detail = self._mutate_node(node, decide)
+        return Change(changed, self._node_withdrawal_state(before), self._node_withdrawal_state(after), detail)
 
 
 # --- the async port ---------------------------------------------------------------------------------
@@ -1507,13 +1871,40 @@ class AsyncKube:
     async def cordon(self, node: str) -> Change:
         return await self._call(self.sync.cordon, node)
 
+    async def quarantine(self, node: str, key: str, value: str, effect: str = "NoSchedule") -> tuple[Change, Change]:
+        """``KubeAdapter.quarantine``: taint and cordon in one request, in the limiter's priority lane."""
+        return await self._call(self.sync.quarantine, node, key, value, effect)
+
     async def uncordon(self, node: str, *, only_if_ours: bool = False) -> Change:
         return await self._call(self.sync.uncordon, node, only_if_ours=only_if_ours)
 
     async def annotate(self, node: str, annotations: Mapping[str, str | None]) -> Change:
         return await self._call(self.sync.annotate, node, annotations)
 
+    # --- GPU withdrawal (DRA device taints, or the device-plugin node-taint fallback)
+
+    async def gpu_allocation_mode(self) -> str:
+        return await self._call(self.sync.gpu_allocation_mode)
+
+    async def withdraw_gpu(self, node: str, gpu: GpuRef, *, effect: str = "NoSchedule", value: str = "") -> Change:
+        return await self._call(self.sync.withdraw_gpu, node, gpu, effect=effect, value=value)
+
+    async def restore_gpu(self, node: str, gpu: GpuRef) -> Change:
+        return await self._call(self.sync.restore_gpu, node, gpu)
+
     # --- pods and jobs
+
+    async def label(self, node: str, labels: Mapping[str, str | None]) -> Change:
+        return await self._call(self.sync.label, node, labels)
+
+    async def pods_selecting(self, node: str, label_keys: Sequence[str]) -> list[dict[str, Any]]:
+        return await self._call(self.sync.pods_selecting, node, label_keys)
+
+    async def create_job(self, namespace: str, manifest: Mapping[str, Any]) -> Change:
+        return await self._call(self.sync.create_job, namespace, manifest)
+
+    async def delete_job(self, namespace: str, name: str) -> Change:
+        return await self._call(self.sync.delete_job, namespace, name)
 
     async def pods_on_node(self, node: str) -> list[dict[str, Any]]:
         return await self._call(self.sync.pods_on_node, node)

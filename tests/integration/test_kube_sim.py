@@ -84,7 +84,7 @@ def test_kubectl_get_nodes_prints_the_table(sim: Sim) -> None:
     assert lines[0].split() == ["NAME", "STATUS", "ROLES", "AGE", "VERSION"]
     rows = {line.split()[0]: line.split() for line in lines[1:]}
     assert sorted(rows) == sorted(f"gpu-node-{i}" for i in range(6))
-    assert all(r[1] == "Ready" and r[4] == "v1.32.4" for r in rows.values())
+    assert all(r[1] == "Ready" and r[4] == "v1.36.0" for r in rows.values())
     # kubectl got by without OpenAPI: a 404 there is what it tolerates
     counts = sim.state.request_counts()
     assert counts.get("list nodes", 0) >= 1

@@ -381,12 +381,12 @@ def _get(url: str, accept: str = "application/json") -> tuple[int, Any]:
 
 
 def test_discovery_and_openapi(server: KubeApiServer) -> None:
-    assert _get(server.url + "/version")[1]["gitVersion"] == "v1.32.4"
+    assert _get(server.url + "/version")[1]["gitVersion"] == "v1.36.0"
     core = _get(server.url + "/api/v1")[1]
     eviction = next(r for r in core["resources"] if r["name"] == "pods/eviction")
     assert (eviction["group"], eviction["version"], eviction["kind"]) == ("policy", "v1", "Eviction")
     groups = {g["name"] for g in _get(server.url + "/apis")[1]["groups"]}
-    assert groups == {"apps", "batch", "policy", "coordination.k8s.io", "kubeflow.org"}
+    assert groups == {"apps", "batch", "policy", "coordination.k8s.io", "resource.k8s.io", "kubeflow.org"}
     ptj = _get(server.url + "/apis/kubeflow.org/v1")[1]["resources"]
     assert {"name": "pytorchjobs/status", "singularName": "", "namespaced": True, "kind": "PyTorchJob",
             "verbs": ["get", "patch", "update"]} in ptj

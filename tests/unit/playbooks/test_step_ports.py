@@ -15,7 +15,16 @@ import pytest
 
 from playbooks import ports, steps
 from playbooks.catalog import PlaybookCatalog
-from playbooks.steps import Skipped, StepContext, StepFailed, isolate_gpu, restart_job, return_to_service, taint_node
+from playbooks.steps import (
+    Skipped,
+    StepContext,
+    StepFailed,
+    isolate_gpu,
+    release_gpu,
+    restart_job,
+    return_to_service,
+    taint_node,
+)
 from remediator.contracts import AgentReply, Change, Decision, GpuRef, JobRef, Origin
 from remediator.settings import Settings
 
@@ -38,6 +47,16 @@ class FakeKube:
         self._seen()
         return Change(True, {"taints": []}, {"taints": [{"key": key, "value": value, "effect": effect}]},
                       f"tainted {node}")
+
+    async def withdraw_gpu(self, node: str, gpu: GpuRef, *, effect: str = "NoSchedule", value: str = "") -> Change:
+        self._seen()
+        self.asked.append({"withdraw": gpu.key, "effect": effect, "value": value})
+        return Change(True, {"mode": "dra", "rule": None}, {"mode": "dra", "rule": "r"}, "DeviceTaintRule r")
+
+    async def restore_gpu(self, node: str, gpu: GpuRef) -> Change:
+        self._seen()
+        self.asked.append({"restore": gpu.key})
+        return Change(True, {"mode": "dra", "rule": "r"}, {"mode": "dra", "rule": None}, "deleted r")
 
     async def find_job(self, node: str, *, name: str | None = None, namespace: str | None = None,
                        pod_filter: Callable[[dict[str, Any]], bool] | None = None) -> JobRef | None:
@@ -131,8 +150,29 @@ async def test_restart_job_fails_when_the_port_finds_no_job() -> None:
 async def test_an_agent_step_returns_the_change_the_agent_reported() -> None:
     agents = FakeAgents({"changed": True, "detail": "GPU 2 isolated", "before": {"isolated": False},
                          "after": {"isolated": True}})
-    change = await isolate_gpu(context(decision(gpu=GpuRef(index=2)), FakeKube(), agents), {})
-    assert change == Change(True, {"isolated": False}, {"isolated": True}, "GPU 2 isolated")
+    kube = FakeKube()
+    change = await isolate_gpu(context(decision(gpu=GpuRef(index=2)), kube, agents), {})
+    assert change == Change(True, {"isolated": False, "withdrawal": {"mode": "dra", "rule": None}},
+                            {"isolated": True, "withdrawal": {"mode": "dra", "rule": "r"}},
+                            "GPU 2 isolated; DeviceTaintRule r")
+    assert kube.asked == [{"withdraw": "index-2", "effect": "NoSchedule", "value": "nccl-timeout-no-suspect"}]
+
+
+async def test_isolate_gpu_asks_for_noexecute_only_when_the_playbook_says_and_refuses_other_effects() -> None:
+    agents = FakeAgents({"changed": True, "detail": "GPU 2 isolated"})
+    kube = FakeKube()
+    await isolate_gpu(context(decision(gpu=GpuRef(index=2)), kube, agents), {"effect": "NoExecute"})
+    assert kube.asked[-1]["effect"] == "NoExecute"
+    with pytest.raises(StepFailed, match="effect must be NoSchedule or NoExecute"):
+        await isolate_gpu(context(decision(gpu=GpuRef(index=2)), kube, agents), {"effect": "PreferNoSchedule"})
+
+
+async def test_release_gpu_undrains_on_the_node_then_restores_the_gpu_to_the_scheduler() -> None:
+    agents = FakeAgents({"changed": True, "detail": "GPU 2 undrained"})
+    kube = FakeKube()
+    change = await release_gpu(context(decision(gpu=GpuRef(index=2)), kube, agents), {})
+    assert kube.asked == [{"restore": "index-2"}]
+    assert change.after["withdrawal"] == {"mode": "dra", "rule": None} and change.detail.endswith("deleted r")
 
 
 async def test_return_to_service_without_a_passing_check_is_a_skipped_change() -> None:

@@ -1,0 +1,237 @@
+"""GPU withdrawal the scheduler honours, through the real clients against the simulator: the adapter's
+``withdraw_gpu``/``restore_gpu`` in both allocation modes (a DRA DeviceTaintRule, found by discovery; the
+device plugin's node-taint fallback), the simulated scheduler's TaintToleration and DRA device-taint rules,
+the device-taint eviction controller, and ``kubectl`` reading ``resource.k8s.io``.
+
+Where it sits: integration ring, beside ``test_kube_adapter.py``. Cluster: ``seed_cluster(2,
+gpu_pods_per_node=4)``: four single-pod Jobs ``train-<node>-<k>`` per node, each holding two GPUs, so
+every node is full.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from chaos.sim import TRAINING_NAMESPACE, ClusterState, KubeApiServer, seed_cluster
+from chaos.sim.resources import ApiError
+from remediator.adapters.kube import WITHDRAWN_GPUS_ANNOTATION, KubeAdapter, KubePermanentError
+from remediator.contracts import GpuRef
+
+pytestmark = pytest.mark.timeout(120)
+
+NODE = "gpu-node-0"
+KEY = "gpu-remediator/gpu-withdrawn"
+
+
+@dataclass
+class Sim:
+    state: ClusterState
+    kubeconfig: Path
+    tmp: Path
+
+
+def _sim(tmp_path: Path, mode: str) -> Iterator[Sim]:
+    state = seed_cluster(2, gpu_allocation=mode, gpu_pods_per_node=4)
+    server = KubeApiServer(state).start()
+    try:
+        home = tmp_path / mode
+        home.mkdir()
+        yield Sim(state, server.write_kubeconfig(home / "kubeconfig"), home)
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def dra(tmp_path: Path) -> Iterator[Sim]:
+    yield from _sim(tmp_path, "dra")
+
+
+@pytest.fixture
+def plugin(tmp_path: Path) -> Iterator[Sim]:
+    yield from _sim(tmp_path, "device-plugin")
+
+
+def adapter(sim: Sim, mode: str = "auto") -> KubeAdapter:
+    a = KubeAdapter(str(sim.kubeconfig), retry_budget_s=2.0)
+    a.gpu_allocation = mode
+    return a
+
+
+def kubectl(sim: Sim, *args: str) -> str:
+    binary = shutil.which("kubectl") or "/usr/bin/kubectl"
+    if not Path(binary).exists():
+        pytest.fail("kubectl is not installed: these tests need a real kubectl (v1.32)")
+    env = {**os.environ, "HOME": str(sim.tmp), "KUBECONFIG": str(sim.kubeconfig)}
+    proc = subprocess.run([binary, "--kubeconfig", str(sim.kubeconfig), "--cache-dir", str(sim.tmp / "kcache"),
+                           "--request-timeout=30s", *args], capture_output=True, text=True, timeout=90, env=env,
+                          check=False)
+    assert proc.returncode == 0, f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def holder_of(state: ClusterState, index: int) -> tuple[str, str]:
+    name = state.gpus_in_use(NODE)[index].split("/")[1]
+    return name, state.pod(TRAINING_NAMESPACE, name)["metadata"]["uid"]
+
+
+def uids(state: ClusterState, node: str = NODE) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in state.pods_on(node)
+            if p["metadata"]["namespace"] == TRAINING_NAMESPACE}
+
+
+# --- discovery and kubectl --------------------------------------------------------------------------
+
+
+def test_kubectl_lists_resource_slices_and_device_taint_rules(dra: Sim) -> None:
+    with adapter(dra) as a:
+        a.withdraw_gpu(NODE, GpuRef(index=3), value="gpu-memory-fatal")
+    rows = [line.split() for line in kubectl(dra, "api-resources", "--api-group=resource.k8s.io").splitlines()[1:]]
+    assert {r[0]: r[1] for r in rows} == {"deviceclasses": "resource.k8s.io/v1",
+                                          "devicetaintrules": "resource.k8s.io/v1beta2",
+                                          "resourceclaims": "resource.k8s.io/v1",
+                                          "resourceclaimtemplates": "resource.k8s.io/v1",
+                                          "resourceslices": "resource.k8s.io/v1"}
+    out = kubectl(dra, "get", "resourceslices,devicetaintrules")
+    assert "gpu-remediator-gpu-node-0-gpu-3" in out
+    slices = [line.split() for line in out.splitlines() if line.startswith("resourceslice")]
+    assert sorted(r[1:4] for r in slices) == [["gpu-node-0", "gpu.nvidia.com", "gpu-node-0"],
+                                              ["gpu-node-1", "gpu.nvidia.com", "gpu-node-1"]]
+    claims = kubectl(dra, "get", "resourceclaims", "-n", TRAINING_NAMESPACE)
+    assert claims.count("allocated,reserved") == 8
+
+
+def test_auto_detection_reads_the_cluster(dra: Sim, plugin: Sim) -> None:
+    with adapter(dra) as a, adapter(plugin) as b:
+        assert a.gpu_allocation_mode() == "dra"
+        assert b.gpu_allocation_mode() == "device-plugin"  # resource.k8s.io served, but no driver slices
+
+
+# --- DRA ------------------------------------------------------------------------------------------------
+
+
+def test_dra_withdrawal_taints_exactly_that_device_and_the_scheduler_honours_it(dra: Sim) -> None:
+    state = dra.state
+    before = uids(state)
+    with adapter(dra) as a:
+        c = a.withdraw_gpu(NODE, GpuRef(index=1), value="gpu-memory-fatal")
+        assert c.changed and c.after["rule"] == "gpu-remediator-gpu-node-0-gpu-1"
+        assert c.after["device"] == {"driver": "gpu.nvidia.com", "pool": NODE, "device": "gpu-1"}
+        again = a.withdraw_gpu(NODE, GpuRef(index=1), value="gpu-memory-fatal")
+        assert not again.changed  # same name: a second call is a no-op
+    (rule,) = state.list_objects("devicetaintrules")
+    assert rule["apiVersion"] == "resource.k8s.io/v1beta2"  # found by discovery: no v1 on this server
+    assert rule["spec"]["taint"]["timeAdded"]
+    assert state.device_taints(NODE, 1) and not state.device_taints(NODE, 0)
+    assert uids(state) == before  # NoSchedule: nothing running is touched
+    assert not state.is_cordoned(NODE) and not state.taints(NODE)  # the node stays schedulable
+
+    name, _ = holder_of(state, 1)  # holds GPUs 0 and 1
+    state.evict(TRAINING_NAMESPACE, name)
+    (pending,) = state.pending_pods()  # its replacement: GPU 0 is free, GPU 1 is withdrawn
+    assert "cannot allocate all claims" in pending["status"]["conditions"][0]["message"]
+    assert 1 not in state.gpus_in_use(NODE)
+
+    with adapter(dra) as a:
+        r = a.restore_gpu(NODE, GpuRef(index=1))
+        assert r.changed and r.after == {"mode": "dra", "rule": None}
+    assert not state.pending_pods() and set(state.gpus_in_use(NODE)) == set(range(8))
+
+
+def test_dra_noexecute_has_the_control_plane_evict_exactly_the_pod_using_the_device(dra: Sim) -> None:
+    state = dra.state
+    name, uid = holder_of(state, 5)
+    before = uids(state)
+    with adapter(dra) as a:
+        a.withdraw_gpu(NODE, GpuRef(index=5), effect="NoExecute", value="gpu-memory-fatal")
+    after = uids(state)
+    assert name not in after
+    assert {n: u for n, u in before.items() if n != name} == {n: u for n, u in after.items() if n in before}
+    assert uid not in after.values()
+
+
+def test_dra_matches_the_gpu_by_uuid_and_refuses_a_gpu_it_cannot_find(dra: Sim) -> None:
+    (slice_,) = [s for s in dra.state.list_objects("resourceslices") if s["spec"]["nodeName"] == NODE]
+    uuid = slice_["spec"]["devices"][6]["attributes"]["uuid"]["string"]
+    with adapter(dra) as a:
+        assert a.find_gpu_device(NODE, GpuRef(uuid=uuid))["device"] == "gpu-6"  # type: ignore[index]
+        with pytest.raises(KubePermanentError, match="REMEDIATOR_GPU_ALLOCATION=device-plugin"):
+            a.withdraw_gpu(NODE, GpuRef(uuid="GPU-00000000-0000-0000-0000-000000000000"))
+
+
+def test_dra_restore_never_deletes_a_rule_it_did_not_create(dra: Sim) -> None:
+    dra.state.create("devicetaintrules", {"metadata": {"name": "gpu-remediator-gpu-node-0-gpu-2"}, "spec": {
+        "deviceSelector": {"driver": "gpu.nvidia.com", "pool": NODE, "device": "gpu-2"},
+        "taint": {"key": "admin/maintenance", "effect": "NoSchedule"}}})
+    with adapter(dra) as a:
+        assert not a.withdraw_gpu(NODE, GpuRef(index=2)).changed
+        assert not a.restore_gpu(NODE, GpuRef(index=2)).changed
+    assert [r["metadata"]["name"] for r in dra.state.list_objects("devicetaintrules")] == [
+        "gpu-remediator-gpu-node-0-gpu-2"]
+
+
+def test_the_simulated_api_validates_device_taint_rules(dra: Sim) -> None:
+    with pytest.raises(ApiError) as err:
+        dra.state.create("devicetaintrules", {"metadata": {"name": "bad"}, "spec": {
+            "deviceSelector": {"device": "gpu-0"}, "taint": {"key": "k", "effect": "PreferNoSchedule"}}})
+    assert err.value.code == 422 and "supported values" in err.value.message
+
+
+# --- device plugin ----------------------------------------------------------------------------------
+
+
+def test_device_plugin_withdrawal_is_our_node_taint_and_a_partial_withdrawal(plugin: Sim) -> None:
+    state = plugin.state
+    before = uids(state)
+    with adapter(plugin) as a:
+        c = a.withdraw_gpu(NODE, GpuRef(index=1), value="gpu-memory-fatal")
+        assert c.changed and "no per-device scheduling control exists" in c.detail
+        assert c.after["taint"] == {"key": KEY, "value": "gpu-memory-fatal", "effect": "NoSchedule"}
+        assert c.after["withdrawn_gpus"] == ["index-1"] and c.after["changed_by_us"]
+        a.withdraw_gpu(NODE, GpuRef(index=4), value="gpu-memory-fatal")
+    assert [t["key"] for t in state.taints(NODE)] == [KEY] and not state.is_cordoned(NODE)
+    assert uids(state) == before  # running pods on the healthy GPUs keep running
+
+    name, _ = holder_of(state, 1)
+    state.evict(TRAINING_NAMESPACE, name)
+    (pending,) = state.pending_pods()  # the free GPUs of gpu-node-0 are behind our taint
+    assert "untolerated taint {gpu-remediator/gpu-withdrawn: gpu-memory-fatal}" in \
+        pending["status"]["conditions"][0]["message"]
+
+    with adapter(plugin) as a:
+        one = a.restore_gpu(NODE, GpuRef(index=1))
+        assert one.changed and one.after["taint"] is not None and one.after["withdrawn_gpus"] == ["index-4"]
+        last = a.restore_gpu(NODE, GpuRef(index=4))
+        assert last.after["taint"] is None and last.after["withdrawn_gpus"] == []
+        assert not a.restore_gpu(NODE, GpuRef(index=4)).changed
+    assert not state.taints(NODE)
+    assert WITHDRAWN_GPUS_ANNOTATION not in (state.node(NODE)["metadata"].get("annotations") or {})
+    assert not state.pending_pods()
+
+
+def test_device_plugin_unhealthy_device_is_recorded_as_evidence(plugin: Sim) -> None:
+    plugin.state.set_gpu_health(NODE, 3, healthy=False)
+    with adapter(plugin) as a:
+        c = a.withdraw_gpu(NODE, GpuRef(index=3))
+    assert c.after["device_plugin"] == {"capacity": 8, "allocatable": 7, "unhealthy": 1}
+    assert "device plugin already reports 1 GPU(s) unhealthy" in c.detail
+
+
+def test_device_plugin_mode_never_puts_noexecute_on_the_node(plugin: Sim) -> None:
+    before = uids(plugin.state)
+    with adapter(plugin) as a:
+        a.withdraw_gpu(NODE, GpuRef(index=0), effect="NoExecute")
+    assert [t["effect"] for t in plugin.state.taints(NODE)] == ["NoSchedule"] and uids(plugin.state) == before
+
+
+def test_node_summary_counts_dra_gpus_from_the_feature_discovery_label(dra: Sim) -> None:
+    with adapter(dra) as a:
+        n = a.get_node(NODE)
+    assert (n["gpus"], n["gpus_allocatable"]) == (8, 8)
+
