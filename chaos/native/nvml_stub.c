@@ -17,7 +17,8 @@
  *   gpu<i>.uuid / .name / .pci      identity; .pci as NVML prints it: 00000000:3B:00.0
  *   gpu<i>.lost=1                   every call on the GPU returns NVML_ERROR_GPU_IS_LOST (15)
  *   gpu<i>.rc.<function>=<rc>       that function returns <rc> for that GPU (3 = NOT_SUPPORTED, 10 = TIMEOUT)
- *   gpu<i>.mem_total / .mem_used    bytes
+ *   gpu<i>.mem_total / .mem_used    bytes (.mem_used as v1 counts it: allocated + reserved)
+ *   gpu<i>.mem_reserved             bytes the driver reserves (nvmlDeviceGetMemoryInfo_v2; default 0)
  *   gpu<i>.ecc_sbe_volatile / .ecc_dbe_volatile / .ecc_sbe_aggregate / .ecc_dbe_aggregate
  *   gpu<i>.retired_sbe / .retired_dbe     number of retired pages by cause; .retired_pending=0|1
  *   gpu<i>.remap_correctable / .remap_uncorrectable / .remap_pending / .remap_failure
@@ -27,6 +28,9 @@
  *   gpu<i>.events=<mask>            supported event types (default 0x8: Xid critical errors)
  *   gpu<i>.xids=<code>,<code>,...   Xid events delivered, in order, by nvmlEventSetWait_v2 (each once
  *                                   per process; append to the list to deliver more)
+ *   gpu<i>.persistence=0|1          persistence mode (default 1, as under the GPU Operator's driver);
+ *                                   nvmlDeviceSetPersistenceMode changes it for this process only
+ * nvmlDeviceGetHandleByPciBusId_v2 finds a GPU by its .pci (case-insensitive, 4- or 8-digit domain).
  */
 
 #include <pthread.h>
@@ -92,6 +96,7 @@ struct stub_event_set {
 typedef struct stub_event_set *nvmlEventSet_t;
 
 static struct stub_device g_devices[MAX_GPUS];
+static int g_persistence[MAX_GPUS]; /* 0: as the state file says; 1: set off; 2: set on */
 static int g_initialized = 0;
 static unsigned int g_delivered[MAX_GPUS];
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -229,7 +234,58 @@ nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t dev, unsigned int *index) {
     return NVML_SUCCESS;
 }
 
+/* gpu<i>.minor (default: the index), as /dev/nvidia<minor> numbers the device */
+nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t dev, unsigned int *minor) {
+    CHECK(dev);
+    if (minor == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *minor = (unsigned int)gpu_u64(dev->index, "minor", dev->index);
+    return NVML_SUCCESS;
+}
+
 /* --- identity ------------------------------------------------------------------------------------ */
+
+static void stub_pci(unsigned int i, unsigned int *domain, unsigned int *bus, unsigned int *device,
+                     unsigned int *function) {
+    char buf[64];
+    if (!gpu_str(i, "pci", buf, sizeof buf)) snprintf(buf, sizeof buf, "00000000:%02X:00.0", 0x10 + i);
+    *domain = *bus = *device = *function = 0;
+    sscanf(buf, "%x:%x:%x.%x", domain, bus, device, function);
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvmlDevice_t *device) {
+    unsigned int d, b, v, f, wd = 0, wb = 0, wv = 0, wf = 0, i;
+    if (!g_initialized) return NVML_ERROR_UNINITIALIZED;
+    if (pciBusId == NULL || device == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (sscanf(pciBusId, "%x:%x:%x.%x", &wd, &wb, &wv, &wf) != 4) return NVML_ERROR_INVALID_ARGUMENT;
+    for (i = 0; i < gpu_count(); i++) {
+        stub_pci(i, &d, &b, &v, &f);
+        if (d == wd && b == wb && v == wv && f == wf) {
+            if (gpu_u64(i, "lost", 0) || gpu_u64(i, "lost_handle", 0)) return NVML_ERROR_GPU_IS_LOST;
+            *device = &g_devices[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return 6; /* NVML_ERROR_NOT_FOUND */
+}
+
+nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t dev, int *mode) {
+    CHECK(dev);
+    if (mode == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&g_lock);
+    *mode = g_persistence[dev->index] ? g_persistence[dev->index] - 1
+                                      : (int)gpu_u64(dev->index, "persistence", 1) != 0;
+    pthread_mutex_unlock(&g_lock);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceSetPersistenceMode(nvmlDevice_t dev, int mode) {
+    CHECK(dev);
+    if (mode != 0 && mode != 1) return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&g_lock);
+    g_persistence[dev->index] = mode + 1;
+    pthread_mutex_unlock(&g_lock);
+    return NVML_SUCCESS;
+}
 
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t dev, char *uuid, unsigned int length) {
     char buf[96];
@@ -276,6 +332,30 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *memory) {
     memory->total = gpu_u64(dev->index, "mem_total", 85899345920ULL);
     memory->used = gpu_u64(dev->index, "mem_used", 0);
     memory->free = memory->total > memory->used ? memory->total - memory->used : 0;
+    return NVML_SUCCESS;
+}
+
+typedef struct {
+    unsigned int version;
+    unsigned long long total;
+    unsigned long long reserved;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_v2_t;
+
+#define NVML_MEMORY_V2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2 << 24)))
+#define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *memory) {
+    unsigned long long used;
+    CHECK(dev);
+    if (memory == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (memory->version != NVML_MEMORY_V2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    memory->total = gpu_u64(dev->index, "mem_total", 85899345920ULL);
+    memory->reserved = gpu_u64(dev->index, "mem_reserved", 0);
+    used = gpu_u64(dev->index, "mem_used", 0);
+    memory->used = used > memory->reserved ? used - memory->reserved : 0;
+    memory->free = memory->total > used ? memory->total - used : 0;
     return NVML_SUCCESS;
 }
 

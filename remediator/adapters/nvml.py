@@ -3,9 +3,13 @@
 Where it sits: under the node agent, as its ``GpuBackend`` on a real node (``remediator agent --nvml``).
 It reads, per GPU: UUID, PCI bus id, volatile and aggregate ECC totals (corrected = single-bit,
 uncorrected = double-bit), retired pages (count by cause, pending flag), remapped rows (correctable,
-uncorrectable, pending, failure), memory used/total, running compute processes (pid, used memory),
+uncorrectable, pending, failure), memory used/total/reserved (memory info v2, else v1), running compute
+processes (pid, used memory: the per-process samples of the agent's memory-trend watch),
 clock-event (throttle) reasons and temperature; and Xids through an NVML event set
-(``nvmlEventTypeXidCriticalError``) on the GPUs that support it.
+(``nvmlEventTypeXidCriticalError``) on the GPUs that support it. For a safe reset (``GpuControl`` of
+``remediator.agent.host``) it reads and sets persistence mode (``nvmlDeviceGetPersistenceMode``/
+``nvmlDeviceSetPersistenceMode``) and reads who answers at a PCI address afresh
+(``nvmlDeviceGetHandleByPciBusId_v2``, then the UUID), so the agent can tell the same GPU came back.
 
 Error mapping (gpu-faults.md §2.7): NVML_ERROR_GPU_IS_LOST on any call marks the snapshot ``lost`` (the
 identity read at start is kept); NOT_SUPPORTED leaves that field None and names it in ``unsupported``;
@@ -109,6 +113,21 @@ class NvmlBackend:
     def identities(self) -> list[GpuIdentity]:
         return list(self._identities)
 
+    def driver_version(self) -> str | None:
+        """The kernel driver's version (``nvmlSystemGetDriverVersion``), None where NVML cannot tell."""
+        try:
+            return _text(pynvml.nvmlSystemGetDriverVersion())
+        except pynvml.NVMLError:
+            return None
+
+    def minor_number(self, index: int) -> int | None:
+        """The GPU's device minor number (``/dev/nvidia<minor>``, ``nvmlDeviceGetMinorNumber``): what NVIDIA's
+        DRA driver names its devices by (``gpu-<minor>``). None where NVML cannot tell."""
+        try:
+            return int(pynvml.nvmlDeviceGetMinorNumber(self._handles[index]))
+        except (pynvml.NVMLError, IndexError):
+            return None
+
     # --- GpuBackend ----------------------------------------------------------------------------------
 
     def gpu_count(self) -> int:
@@ -154,7 +173,7 @@ class NvmlBackend:
             retired_dbe = read("retired_pages_dbe", lambda: len(pynvml.nvmlDeviceGetRetiredPages(
                 handle, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)))
             rows = read("remapped_rows", lambda: pynvml.nvmlDeviceGetRemappedRows(handle))
-            mem = read("memory", lambda: pynvml.nvmlDeviceGetMemoryInfo(handle))
+            mem = read("memory", lambda: self._memory(handle))
             procs = read("processes", lambda: pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
             throttle = read("throttle_reasons", lambda: self._clock_reasons(handle))
             temp = read("temperature", lambda: int(pynvml.nvmlDeviceGetTemperature(
@@ -170,8 +189,9 @@ class NvmlBackend:
             remapped_rows=None if rows is None else RemappedRows(
                 correctable=int(rows[0]), uncorrectable=int(rows[1]), pending=bool(rows[2]),
                 failure=bool(rows[3])),
-            memory_used=None if mem is None else int(mem.used),
-            memory_total=None if mem is None else int(mem.total),
+            memory_used=None if mem is None else mem[0],
+            memory_total=None if mem is None else mem[1],
+            memory_reserved=None if mem is None else mem[2],
             processes=None if procs is None else tuple(
                 GpuProcess(pid=int(p.pid), used_bytes=None if p.usedGpuMemory is None else int(p.usedGpuMemory))
                 for p in procs),
@@ -182,6 +202,21 @@ class NvmlBackend:
         )
 
     @staticmethod
+    def _memory(handle: Any) -> tuple[int, int, int | None]:
+        """(used, total, reserved) framebuffer bytes. Memory info v2 separates what the driver reserves from
+        what is allocated; ``used`` is returned as v1 counts it (allocated + reserved), so ``used - reserved``
+        is what processes (or leaks) hold. An older driver without v2: v1, reserve unknown (None)."""
+        try:
+            m2 = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+        except pynvml.NVMLError as e:
+            if e.value not in _NOT_SUPPORTED and e.value != pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH:
+                raise
+        else:
+            return int(m2.used) + int(m2.reserved), int(m2.total), int(m2.reserved)
+        m1 = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        return int(m1.used), int(m1.total), None
+
+    @staticmethod
     def _clock_reasons(handle: Any) -> int:
         try:
             return int(pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
@@ -189,6 +224,59 @@ class NvmlBackend:
             if e.value != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
                 raise
         return int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+
+    # --- GpuControl: persistence mode, identity by PCI address --------------------------------------
+
+    def persistence_mode(self, index: int) -> bool | None:
+        try:
+            with self._lock:
+                mode = int(pynvml.nvmlDeviceGetPersistenceMode(self._handles[index]))
+            return bool(mode == pynvml.NVML_FEATURE_ENABLED)
+        except pynvml.NVMLError as e:
+            log.info("NVML: persistence mode of GPU %d: %s", index, nvml_error_name(e))
+            return None
+
+    def set_persistence_mode(self, index: int, enabled: bool) -> str | None:
+        mode = pynvml.NVML_FEATURE_ENABLED if enabled else pynvml.NVML_FEATURE_DISABLED
+        try:
+            with self._lock:
+                pynvml.nvmlDeviceSetPersistenceMode(self._handles[index], mode)
+        except pynvml.NVMLError as e:
+            return (f"nvmlDeviceSetPersistenceMode(GPU {index}, {'on' if enabled else 'off'}): "
+                    f"{nvml_error_name(e)}")
+        self._refresh_handle(index)
+        return None
+
+    def _refresh_handle(self, index: int) -> None:
+        """A new handle for GPU ``index``: NVML invalidates the old one when persistence mode goes off on a
+        GPU with its own NUMA memory, and after a reset."""
+        ident = self._identities[index]
+        try:
+            with self._lock:
+                handle = (pynvml.nvmlDeviceGetHandleByPciBusId(ident.pci_bus_id) if ident.pci_bus_id
+                          else pynvml.nvmlDeviceGetHandleByIndex(index))
+        except pynvml.NVMLError as e:
+            log.info("NVML: a new handle for GPU %d: %s", index, nvml_error_name(e))
+            return
+        self._handles[index] = handle
+        self._handle_index = {ctypes.cast(h, ctypes.c_void_p).value: i for i, h in enumerate(self._handles)}
+
+    def identity_at(self, pci_bus_id: str) -> GpuIdentity | None:
+        try:
+            with self._lock:
+                handle = pynvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id)
+                uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+        except pynvml.NVMLError as e:
+            log.info("NVML: the GPU at %s: %s", pci_bus_id, nvml_error_name(e))
+            return None
+        index = next((i for i, ident in enumerate(self._identities) if ident.pci_bus_id == pci_bus_id), -1)
+        if index >= 0:
+            self._handles[index] = handle
+            if self._identities[index].uuid != uuid:
+                log.warning("NVML: GPU %d at %s answers with UUID %s, was %s", index, pci_bus_id, uuid,
+                            self._identities[index].uuid)
+                self._identities[index] = GpuIdentity(index=index, uuid=uuid, pci_bus_id=pci_bus_id)
+        return GpuIdentity(index=index, uuid=uuid, pci_bus_id=pci_bus_id)
 
     # --- Xid events ----------------------------------------------------------------------------------
 

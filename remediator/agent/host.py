@@ -10,12 +10,15 @@ agent code as a real node.
 - ``GpuBackend``: read-only GPU state (one ``GpuSnapshot`` per GPU) and NVML Xid events. Blocking; the
   agent calls it from a worker thread.
 - ``HostRunner``: the side effects of the node-local playbook steps (drain/undrain a GPU, reset it, kill a
-  process, the reboot hook, the configured health command).
+  process, the reboot command, the configured health and bug-report commands).
+- ``GpuControl``: what the reset needs besides ``nvidia-smi``: a GPU's persistence mode (read and set) and
+  who answers at a PCI address after the reset (``NvmlBackend`` and the simulated node implement it).
 - ``PodView``: which pods the kubelet runs and which pod a PID belongs to (for orphan detection).
-- ``PodResourcesView``: which pods (namespace, name, UID, container) the kubelet's device manager gave a
-  GPU to, for ``isolate_gpu``/``status`` replies and so for the service's per-GPU eviction. The simulated
-  node implements it from the simulated kubelet's allocation; on a real node it is the kubelet's
-  PodResources API (issue 10), until then there is none and the agent says it cannot tell.
+- ``PodResourcesView``: which pods (namespace, name, UID, container) the kubelet gave a GPU to (device
+  plugin or DRA), for ``isolate_gpu``/``status`` replies and so for the service's per-GPU eviction. On a
+  real node and a simulated one alike it is ``remediator.agent.holders.KubeletHolders``: the kubelet's
+  PodResources gRPC socket joined with the GPU backend; without a socket there is none and the agent says
+  it cannot tell.
 """
 
 from __future__ import annotations
@@ -46,12 +49,14 @@ from remediator.gpu import (
 
 # The GPU types and the backend port live below the agent, in remediator.gpu; re-exported here.
 __all__ = [
+    "DEFAULT_BUG_REPORT_COMMAND",
     "THROTTLE_HW_POWER_BRAKE",
     "THROTTLE_HW_SLOWDOWN",
     "THROTTLE_HW_THERMAL",
     "THROTTLE_SW_THERMAL",
     "EccCounts",
     "GpuBackend",
+    "GpuControl",
     "GpuHolder",
     "GpuIdentity",
     "GpuProcess",
@@ -65,6 +70,7 @@ __all__ = [
     "RunResult",
     "SubprocessHostRunner",
     "XidNotice",
+    "gpu_reset_target",
     "kubelet_pod_uids",
     "pod_uid_from_cgroup",
 ]
@@ -102,6 +108,37 @@ class HostRunner(Protocol):
         """Run the configured extra health check (e.g. ``dcgmi diag -r 1``); None when none is configured."""
         ...
 
+    async def bug_report(self) -> RunResult | None:
+        """Run the configured bug-report collection (``nvidia-bug-report.sh``); None when none is configured."""
+        ...
+
+
+@runtime_checkable
+class GpuControl(Protocol):
+    """Persistence mode and identity by PCI address: what a safe reset reads and changes besides the reset.
+
+    Blocking (NVML calls); the agent calls them from a worker thread.
+    """
+
+    def persistence_mode(self, index: int) -> bool | None:
+        """Whether persistence mode is on for GPU ``index``; None when it cannot be read."""
+        ...
+
+    def set_persistence_mode(self, index: int, enabled: bool) -> str | None:
+        """Turn persistence mode on or off; None when done, else why not (one line)."""
+        ...
+
+    def identity_at(self, pci_bus_id: str) -> GpuIdentity | None:
+        """The GPU answering at ``pci_bus_id`` now, read afresh (its UUID after a reset); None when no GPU
+        answers there (lost, or gone from the bus)."""
+        ...
+
+
+def gpu_reset_target(gpu: GpuIdentity) -> str | None:
+    """What ``nvidia-smi --gpu-reset -i`` is given for ``gpu``: its UUID, else its PCI bus id; never the
+    index, which can name another GPU once a drain or a reset renumbered them. None when neither is known."""
+    return gpu.uuid or gpu.pci_bus_id
+
 
 @dataclass(frozen=True, slots=True)
 class PidInfo:
@@ -126,7 +163,9 @@ class GpuHolder:
 
 @runtime_checkable
 class PodResourcesView(Protocol):
-    """Which containers hold which GPU, as the kubelet's device manager allocated them."""
+    """Which containers hold which GPU, as the kubelet allocated them. An implementation may also offer
+    ``holder_map(identities)`` (every GPU's holders from one question to the kubelet), which the command
+    responder prefers for a reply naming several GPUs."""
 
     def gpu_holders(self, gpu: GpuIdentity) -> tuple[GpuHolder, ...] | None:
         """The containers holding ``gpu``; None when this source cannot tell (then nobody is assumed)."""
@@ -145,6 +184,10 @@ class PodView(Protocol):
 
 
 # --- real implementations ----------------------------------------------------------------------------
+
+# What the agent runs to collect NVIDIA's bug report after a failed reset (``--bug-report-command``): the
+# driver's own script, which writes nvidia-bug-report.log.gz into the working directory (the state directory).
+DEFAULT_BUG_REPORT_COMMAND: tuple[str, ...] = ("nvidia-bug-report.sh",)
 
 # kubepods cgroup paths carry the pod UID as pod<uid> (cgroupfs: dashes; systemd driver: underscores).
 _POD_UID_RE = re.compile(
@@ -203,19 +246,27 @@ class SubprocessHostRunner:
     """``HostRunner`` for a real node: ``nvidia-smi`` and the configured hooks as subprocesses.
 
     - isolate: ``nvidia-smi drain -p <pci> -m 1`` (no new work lands on the GPU); release: ``-m 0``;
-    - reset: ``nvidia-smi --gpu-reset -i <index>``;
+    - reset: ``nvidia-smi --gpu-reset -i <uuid>`` (the PCI bus id when the UUID is unknown; never the index);
     - kill: SIGKILL to the PID (the agent runs with ``hostPID``);
-    - reboot: ``reboot_command`` (refused when not configured); health: ``health_command`` (optional).
+    - reboot: ``reboot_command`` (refused when not configured); health: ``health_command`` (optional);
+    - bug report: ``bug_report_command`` (``nvidia-bug-report.sh`` by default; None turns it off), run for at
+      most ``bug_report_timeout_s``; like every command here, only the last 2,000 characters of its output
+      are kept.
     """
 
     def __init__(self, *, nvidia_smi: str = "nvidia-smi", reboot_command: Sequence[str] | None = None,
-                 health_command: Sequence[str] | None = None, timeout_s: float = 300.0) -> None:
+                 health_command: Sequence[str] | None = None, timeout_s: float = 300.0,
+                 bug_report_command: Sequence[str] | None = DEFAULT_BUG_REPORT_COMMAND,
+                 bug_report_timeout_s: float = 600.0) -> None:
         self.nvidia_smi = nvidia_smi
         self.reboot_command = list(reboot_command) if reboot_command else None
         self.health_command_argv = list(health_command) if health_command else None
+        self.bug_report_argv = list(bug_report_command) if bug_report_command else None
         self.timeout_s = timeout_s
+        self.bug_report_timeout_s = bug_report_timeout_s
 
-    async def _run(self, argv: Sequence[str]) -> RunResult:
+    async def _run(self, argv: Sequence[str], timeout_s: float | None = None) -> RunResult:
+        limit = self.timeout_s if timeout_s is None else timeout_s
         shown = " ".join(argv)
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -223,12 +274,12 @@ class SubprocessHostRunner:
         except OSError as e:
             return RunResult(False, f"{shown}: {e}")
         try:
-            out, _ = await asyncio.wait_for(proc.communicate(), self.timeout_s)
+            out, _ = await asyncio.wait_for(proc.communicate(), limit)
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
-            return RunResult(False, f"{shown}: timed out after {self.timeout_s:g}s")
+            return RunResult(False, f"{shown}: timed out after {limit:g}s")
         tail = out.decode(errors="replace").strip()[-2000:]
         ok = proc.returncode == 0
         return RunResult(ok, f"{shown}: exit {proc.returncode}" + (f": {tail}" if tail else ""))
@@ -244,7 +295,11 @@ class SubprocessHostRunner:
         return await self._run([self.nvidia_smi, "drain", "-p", gpu.pci_bus_id, "-m", "0"])
 
     async def reset_gpu(self, gpu: GpuIdentity) -> RunResult:
-        return await self._run([self.nvidia_smi, "--gpu-reset", "-i", str(gpu.index)])
+        target = gpu_reset_target(gpu)
+        if target is None:
+            return RunResult(False, f"GPU {gpu.index} has neither a known UUID nor a PCI bus id; a reset by "
+                                    "index could reach another GPU, so none is attempted")
+        return await self._run([self.nvidia_smi, "--gpu-reset", "-i", target])
 
     async def kill_process(self, pid: int) -> RunResult:
         try:
@@ -264,3 +319,8 @@ class SubprocessHostRunner:
         if not self.health_command_argv:
             return None
         return await self._run(self.health_command_argv)
+
+    async def bug_report(self) -> RunResult | None:
+        if not self.bug_report_argv:
+            return None
+        return await self._run(self.bug_report_argv, self.bug_report_timeout_s)

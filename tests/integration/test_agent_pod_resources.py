@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -161,3 +162,77 @@ def test_nvml_that_cannot_start_is_one_line(tmp_path: Path) -> None:
     assert done.returncode == 1 and "Traceback" not in done.stderr
     (line,) = [x for x in done.stderr.splitlines() if "NVML cannot start" in x]
     assert "runtimeClassName: nvidia" in line
+
+
+def test_check_on_nvml_joins_dra_devices_by_minor_number(tmp_path: Path, gpu_state: Path,
+                                                         nats_server: EmbeddedNats) -> None:
+    from chaos.sim.podresources_server import PodResourcesServer
+
+    from .agent_support import build_nvml_stub
+
+    lib = build_nvml_stub(tmp_path)
+    state = tmp_path / "nvml.state"
+    # the driver numbered the devices against NVML's (PCI) order: /dev/nvidia1 is NVML's GPU 0
+    state.write_text("count=2\ndriver=570.86.15\ngpu0.uuid=GPU-aaaaaaaa-0000-0000-0000-000000000000\ngpu0.minor=1\n"
+                     "gpu1.uuid=GPU-bbbbbbbb-0000-0000-0000-000000000000\ngpu1.minor=0\n")
+    claim = {"claim_name": "c", "claim_namespace": "train", "claim_resources": [
+        {"driver_name": "gpu.nvidia.com", "pool_name": NODE, "device_name": "gpu-1",
+         "cdi_devices": [{"name": "k8s.gpu.nvidia.com/device=gpu-1"}]}]}
+    server = PodResourcesServer(gpu_state / "kubelet.sock", lambda: [
+        {"name": "dra-pod", "namespace": "train", "containers": [{"name": "main", "dynamic_resources": [claim]}]}]
+    ).start()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", "from remediator.cli import main; main()", "agent", "--node", NODE, "--nvml",
+             "--nats", nats_server.url, "--pod-resources", str(gpu_state / "kubelet.sock"),
+             "--kubelet-pods-dir", str(tmp_path), "--check", "--json"],
+            cwd=REPO, capture_output=True, text=True, timeout=60,
+            env={**os.environ, "NVML_STUB_STATE": str(state), "REMEDIATOR_NVML_LIBRARY": str(lib)})
+    finally:
+        server.stop()
+    report = json.loads(done.stdout)
+    assert report["gpus"]["driver_version"] == "570.86.15"
+    assert [(g["index"], g["minor"]) for g in report["gpus"]["gpus"]] == [(0, 1), (1, 0)]
+    assert report["pod_resources"]["holders"] == {
+        "GPU-aaaaaaaa-0000-0000-0000-000000000000": ["train/dra-pod (uid unknown)"]}
+    # no container-log directory on this machine: the UID is unknown, and the check does not fail for it
+    assert report["pod_resources"]["ok"] is True
+
+
+def test_sim_lays_out_a_kubelet_socket_per_node(gpu_state: Path, tmp_path: Path) -> None:
+    from remediator.adapters.podresources import PodResourcesClient
+
+    argv = [sys.executable, "-c", "from remediator.cli import main; main()", "sim", "--nodes", "2",
+            "--kubeconfig-out", str(tmp_path / "kubeconfig"), "--gpu-state", str(gpu_state), "--json"]
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        info = json.loads(proc.stdout.readline())
+        assert info["gpu_state"] == str(gpu_state)
+        for node in ("gpu-node-0", "gpu-node-1"):
+            with PodResourcesClient(gpu_state / node / SOCKET_NAME) as client:
+                pods = client.list()
+            held = {d for p in pods for c in p.containers for dev in c.devices for d in dev.device_ids}
+            sim = SimGpuNode.attach(gpu_state / node / "sim")
+            assert held and held <= set(sim.device_ids())
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(20)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    assert code == 0
+    assert not (gpu_state / "gpu-node-0" / SOCKET_NAME).exists()  # removed at exit
+
+
+def test_sim_refuses_a_gpu_state_too_deep_for_a_socket_in_one_line(tmp_path: Path) -> None:
+    deep = Path("/tmp") / ("d" * 100)
+    done = subprocess.run([sys.executable, "-c", "from remediator.cli import main; main()", "sim", "--nodes", "1",
+                           "--kubeconfig-out", str(tmp_path / "kubeconfig"), "--gpu-state", str(deep)],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    try:
+        assert done.returncode == 1 and "Traceback" not in done.stderr
+        assert "107-byte limit" in done.stderr and "--gpu-state DIR" in done.stderr
+    finally:
+        import shutil
+
+        shutil.rmtree(deep, ignore_errors=True)
