@@ -52,6 +52,7 @@ SEVERITY: dict[str, int] = {
     "ecc-correctable-rate": 30,
     "nccl-timeout-suspect": 25,
     "memory-leak": 20,
+    "memory-leak-growth": 15,  # restarts the job only, like nccl-timeout-no-suspect; an orphan supersedes it
     "nccl-timeout-no-suspect": 15,
     "unknown-xid": 10,
 }

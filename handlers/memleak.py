@@ -2,7 +2,8 @@
 
 Where it sits: dispatch calls ``decide`` for events of kind ``memory_leak`` (from the node agent, which sees
 NVML and the host's processes) and ``cuda_oom`` (from job logs) with the node's history (KV ``node.<node>``).
-Every decision names the ``memory-leak`` playbook on the GPU's group; ``labels["cause"]`` tells the playbook
+Every decision names the ``memory-leak`` playbook on the GPU's group (``memory-leak-growth``, which restarts
+the job, for a process's own growth); ``labels["cause"]`` tells the playbook
 which case it is (``orphan``, ``pod_gone``, ``no_process``, ``growth``, ``oom_held_elsewhere``).
 
 Event conventions:
@@ -17,7 +18,9 @@ Event conventions:
 * ``pod_gone``: ``"true"`` when the pod the GPU was allocated to is gone but memory is still held; ``pod``
   names it.
 * ``pid`` + ``process_used_bytes``: one process's usage, a sample for the growth trend; or the agent's own
-  trend as ``growth_bytes_per_min`` over ``growth_window_s``.
+  trend as ``growth_bytes_per_min`` over ``growth_window_s``. With ``baseline_bytes`` too (the agent's
+  memory-trend watch, ``remediator.agent.memtrend``, code ``process_growth``): the process has used at least
+  its baseline x the agent's factor at every sample for ``growth_window_s``.
 * ``host_view``: ``"false"`` when the observer could not see host PIDs (a container without ``hostPID``):
   an empty process list then means nothing (HAMi#700), so such events are recorded, never acted on.
 * the workload, where known: ``origin`` (pod, namespace, the job from owner references) and the job labels
@@ -39,8 +42,10 @@ Rules:
    seen continuously for ``orphan_for`` (10 min by default, the §5 heuristic) → ``memory-leak`` (cause
    ``pod_gone`` / ``no_process``). An event showing an owner, or memory back under the threshold, resets it.
 4. One process (``pid``) growing by at least ``growth_bytes_per_min`` over at least ``growth_min_span`` of
-   samples within ``growth_window``, rising at nearly every step → ``memory-leak`` (cause ``growth``: the job
-   is restarted; it is the application's memory, not the node's).
+   samples within ``growth_window``, rising at nearly every step; or, reported with its ``baseline_bytes``,
+   using at least ``growth_factor`` x that baseline for at least ``growth_min_span`` → ``memory-leak-growth``
+   (cause ``growth``: the job is restarted and its memory verified back; it is the application's memory,
+   not the node's).
 5. CUDA OOM where capacity - free - this process ≥ ``min_used_bytes`` and no other pod shares the GPU →
    ``memory-leak`` (cause ``oom_held_elsewhere``); any other OOM is the application's → recorded.
 
@@ -80,6 +85,7 @@ GROWTH_BYTES_PER_MIN = 64 * MIB
 GROWTH_WINDOW = timedelta(minutes=30)
 GROWTH_MIN_SPAN = timedelta(minutes=20)
 GROWTH_RISING_FRACTION = 0.8
+GROWTH_FACTOR = 1.3  # use over the process's baseline that is a leak when sustained (issue 10: baseline x 1.3)
 
 _NO_OWNER = "no_owner"
 _OWNED = "owned"
@@ -95,6 +101,7 @@ class MemleakPolicy:
     growth_window: timedelta = GROWTH_WINDOW
     growth_min_span: timedelta = GROWTH_MIN_SPAN
     growth_rising_fraction: float = GROWTH_RISING_FRACTION
+    growth_factor: float = GROWTH_FACTOR
     incident_ttl: timedelta = INCIDENT_TTL
 
     def __post_init__(self) -> None:
@@ -173,6 +180,17 @@ def _growth(event: FaultEvent, history: History, now: datetime, policy: MemleakP
     if reported is not None:
         window_s = _int(labels.get("growth_window_s")) or 0
         h = _remember(history, _sighting(event, now, gpu, f"growth={reported}", job=pid), policy, now)
+        baseline, used = _int(labels.get("baseline_bytes")), _int(labels.get("process_used_bytes"))
+        if baseline and used is not None:
+            ratio = used / baseline
+            shown = (f"{_gib(used)}, {ratio:.2f} x its baseline {_gib(baseline)} for {window_s // 60} min "
+                     f"({_mib(reported)}/min)")
+            if ratio >= policy.growth_factor and window_s >= policy.growth_min_span.total_seconds():
+                return _propose(event, h, now, "growth", f"process {pid} on {where} uses {shown}, a leak in the job",
+                                (evidence_of(event, f"process_used_bytes={used}, baseline_bytes={baseline}, "
+                                                    f"window_s={window_s}"),), {"pid": pid})
+            return Verdict(None, h, f"process {pid} on {where} uses {shown}; under {policy.growth_factor:g} x or "
+                                    f"not yet {_minutes(policy.growth_min_span)} min, recorded")
         if reported >= policy.growth_bytes_per_min and window_s >= policy.growth_min_span.total_seconds():
             return _propose(event, h, now, "growth",
                             f"process {pid} on {where} grew by {_mib(reported)}/min over {window_s // 60} min",
@@ -227,8 +245,9 @@ def _oom(event: FaultEvent, history: History, now: datetime, policy: MemleakPoli
 
 def _propose(event: FaultEvent, h: History, now: datetime, cause: str, reason: str,
              evidence: tuple[Evidence, ...], labels: dict[str, str]) -> Verdict:
+    playbook = "memory-leak-growth" if cause == "growth" else "memory-leak"
     return settle(event, h, now, Proposal(
-        HANDLER, "memory-leak", event.node, event.gpu, group_for("memory-leak", event.node, event.gpu), reason,
+        HANDLER, playbook, event.node, event.gpu, group_for("memory-leak", event.node, event.gpu), reason,
         evidence, resolve_job(event.origin, event.labels), {"cause": cause, **labels}))
 
 

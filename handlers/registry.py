@@ -50,7 +50,8 @@ class HandlerPolicies:
                 growth_bytes_per_min=s.memleak_growth_bytes_per_min,
                 growth_window=timedelta(seconds=s.memleak_growth_window_s),
                 growth_min_span=timedelta(seconds=s.memleak_growth_min_span_s),
-                growth_rising_fraction=s.memleak_growth_rising_fraction, incident_ttl=ttl),
+                growth_rising_fraction=s.memleak_growth_rising_fraction, growth_factor=s.memleak_growth_factor,
+                incident_ttl=ttl),
         )
 
 

@@ -61,6 +61,7 @@ PLAYBOOK_NAMES: tuple[str, ...] = (
     "nccl-timeout-suspect",        # NCCL timeout with a suspect node/GPU: taint it out, restart the job
     "nccl-timeout-no-suspect",     # NCCL timeout, no suspect: restart the job only
     "memory-leak",                 # orphaned/leaked framebuffer: kill orphans, verify, else isolate + reset
+    "memory-leak-growth",          # one process's memory over its baseline x 1.3, sustained: restart the job
     "unknown-xid",                 # unknown code or no catalog action: escalate to a person
 )
 
@@ -515,7 +516,7 @@ class AuditCheckpoint(_Emitted):
 # --- Node agent commands (core request/reply on agent.<node>.cmd) -------------------------------------
 
 AgentVerb = Literal["isolate_gpu", "release_gpu", "reset_gpu", "kill_orphans", "health_check", "reboot_node",
-                    "status"]
+                    "status", "collect_bug_report"]
 
 
 class AgentCommand(_Emitted):

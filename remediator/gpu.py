@@ -97,6 +97,8 @@ class GpuSnapshot:
     remapped_rows: RemappedRows | None = None
     memory_used: int | None = None
     memory_total: int | None = None
+    # what the driver sets aside (NVML memory info v2); ``memory_used`` includes it, as NVML's v1 ``used`` does
+    memory_reserved: int | None = None
     processes: tuple[GpuProcess, ...] | None = None
     throttle_reasons: int | None = None
     temperature_c: int | None = None
@@ -121,6 +123,7 @@ class GpuSnapshot:
             "remapped_rows": asdict(self.remapped_rows) if self.remapped_rows else None,
             "memory_used": self.memory_used,
             "memory_total": self.memory_total,
+            "memory_reserved": self.memory_reserved,
             "processes": None if self.processes is None
             else [{"pid": p.pid, "used_bytes": p.used_bytes} for p in self.processes],
             "throttle_reasons": self.throttle_reasons,

@@ -68,9 +68,10 @@ def test_the_demo_is_a_drill_file_with_the_standard_faults() -> None:
     got = {n: (f.via, f.kind, f.code, f.node, f.gpu, f.playbook) for n, f in faults.items()}
     assert got == DEMO_FAULTS
     assert faults["nccl-timeout-suspect"].job == "pytorch-0" and faults["xid79-gpu-lost"].job is None
-    # every playbook family the handlers can choose, except the two that need a reboot path and the slow one
+    # every playbook family the handlers can choose, except the two that need a reboot path, the slow one, and
+    # a leak's job restart (the memory-leak-trend drill; the demo's PyTorchJobs are the NCCL faults')
     assert {f.playbook for f in faults.values()} - {None} == set(PLAYBOOK_NAMES) - {
-        "gpu-reset", "node-reboot", "ecc-correctable-rate"}
+        "gpu-reset", "node-reboot", "ecc-correctable-rate", "memory-leak-growth"}
     assert all(c in CHECKS for f in demo_drill().expect.faults.values() for c in f.check)
 
 
