@@ -483,6 +483,16 @@ class SimGpuNode:
             self._write_cgroup(pid, pod_uid)
         return started
 
+    def hold_framebuffer(self, i: int, held_bytes: int, *, reserved_bytes: int | None = None) -> None:
+        """GPU ``i``'s framebuffer holds ``held_bytes`` that no process NVML lists owns (a context leaked
+        in the driver, a process outside the node's view; 0 frees it); ``reserved_bytes`` is what the driver
+        sets aside (NVML's ``reserved``), counted in the used memory as NVML v1 counts it."""
+        with self._mutate() as st:
+            g = self._gpu(st, i)
+            g["held_bytes"] = int(held_bytes)
+            if reserved_bytes is not None:
+                g["reserved_bytes"] = int(reserved_bytes)
+
     def leak_baselines(self) -> dict[str, int]:
         """Each leaked workload's baseline use (job, else ``pod:<ns>/<name>``), as ``leak_memory`` found it."""
         return {str(k): int(v) for k, v in self._current().get("restart_memory", {}).items()}
@@ -546,7 +556,8 @@ class SimGpuNode:
         un = set(g.get("unsupported", []))
         procs = tuple(GpuProcess(pid=int(pid), used_bytes=_process_bytes(p, self.clock()))
                       for pid, p in g["processes"].items())
-        used = sum(p.used_bytes or 0 for p in procs)
+        reserved = int(g.get("reserved_bytes", 0))
+        used = sum(p.used_bytes or 0 for p in procs) + int(g.get("held_bytes", 0)) + reserved
         e = g["ecc"]
         snap = GpuSnapshot(
             identity=ident,
@@ -557,6 +568,7 @@ class SimGpuNode:
             remapped_rows=RemappedRows(**g["remap"]),
             memory_used=used,
             memory_total=int(g["memory_total"]),
+            memory_reserved=reserved,
             processes=procs,
             throttle_reasons=int(g["throttle"]),
             temperature_c=int(g["temperature"]),
