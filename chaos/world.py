@@ -42,6 +42,7 @@ from chaos.nats_cluster import NatsCluster
 from chaos.replica import Replica, TcpRelay
 from chaos.sim import GPU_RESOURCE, TRAINING_NAMESPACE, KubeApiServer, seed_cluster
 from chaos.sim.cluster import ClusterState, InjectedFault
+from chaos.sim import gpu_operator as sim_gpu_operator
 from chaos.sim.gpu_node import SimFleet, SimGpuNode
 from remediator import bus
 from remediator.audit import iter_records
@@ -108,10 +109,11 @@ class World:
     nats_cluster: NatsCluster | None = None  # nats_servers=3: the bus; nats_server then only holds its identity
 
     def agent_config(self, node: str) -> dict[str, Any]:
-        """``node``'s agent's ``AgentConfig`` fields: the shared options and its own credentials."""
+        """``node``'s agent's ``AgentConfig`` fields: the shared options, its own credentials and its node's
+        kubelet PodResources socket."""
         own = self.root / "creds" / f"{node}.creds"
         ids = {"creds_file": str(own), "signing_seed_file": str(own)} if own.exists() else {}
-        return {**self.agent_options, **ids}
+        return {"pod_resources_socket": self.fleet.sockets[node], **self.agent_options, **ids}
 
     def gpu_uuid(self, node: str, index: int) -> str:
         return self.fleet.nodes[node].identity(index).uuid or ""
@@ -215,7 +217,9 @@ async def environment(progress: Progress, *, nodes: int = 8, pools: int = 1, gpu
                       jobs: Sequence[ExtraJob] = (), label: str = "drill", crashable: bool = False,
                       kubelet: bool = True, data_dir: Path | None = None,
                       nats_port: int | None = None, service_replicas: int = 1,
-                      nats_servers: int = 1) -> AsyncIterator[World]:
+                      nats_servers: int = 1, gpu_operator: bool = False,
+                      unmanaged_operands: Sequence[str] = (),
+                      gpu_conditions: Sequence[Mapping[str, Any]] = ()) -> AsyncIterator[World]:
     """NATS, the simulated cluster and GPU nodes, the agents and one service replica; yields the ``World``.
 
     ``settings`` override the service's settings (``harness_settings``); ``agents`` names the nodes that
@@ -225,7 +229,10 @@ async def environment(progress: Progress, *, nodes: int = 8, pools: int = 1, gpu
     nats-server's store (kept after the run) and port (default: a temporary store, a free port);
     ``service_replicas`` replicas share the bus from the start (the first one's settings declare it);
     ``nats_servers=3`` makes the bus a real three-server NATS cluster (``chaos.nats_cluster``) in the same
-    operator mode, every stream and bucket declared R3 (as ``bus init --replicas 3``).
+    operator mode, every stream and bucket declared R3 (as ``bus init --replicas 3``); ``gpu_operator``
+    installs the GPU Operator's operands (``chaos.sim.gpu_operator``, ``unmanaged_operands`` ignoring the
+    deploy labels); ``gpu_conditions`` set how a node's GPU resets and reboots behave (``reset``:
+    ``fail``/``new_uuid``/``retired_pending`` for ``gpu``; ``reboot``: ``ignored``).
     """
     loop = asyncio.get_running_loop()
     previous_factory = replicas.install_task_tags(loop)
@@ -240,6 +247,10 @@ async def environment(progress: Progress, *, nodes: int = 8, pools: int = 1, gpu
             cluster = seed_cluster(nodes=nodes, gpus_per_node=gpus, pools=pools)
             for job in jobs:
                 _add_job(cluster, job)
+            if gpu_operator:
+                # configured as the README asks: operands tolerate the service's partial-withdrawal taint
+                sim_gpu_operator.install(cluster, unmanaged=tuple(unmanaged_operands),
+                                         tolerate=(Settings(**(settings or {})).gpu_withdrawn_taint_key,))
             names = cluster.node_names()
             seeded = {n: [p for p in cluster.pods_on(n) if p["metadata"]["namespace"] == TRAINING_NAMESPACE]
                       for n in names}
@@ -252,7 +263,10 @@ async def environment(progress: Progress, *, nodes: int = 8, pools: int = 1, gpu
                 key_home = data_dir if data_dir is not None else root
                 service_key = service_signer(key_home)
                 key_file = Path(key_home) / "identity" / SERVICE_KEY_FILE
-                agent_options: dict[str, Any] = {"nvml_interval_s": 0.5, "trust_keys": (service_key.public_key,)}
+                agent_options: dict[str, Any] = {"nvml_interval_s": 0.5, "trust_keys": (service_key.public_key,),
+                                                 # memory trends in seconds, not minutes (drill timescale)
+                                                 "memtrend_interval_s": 0.5, "memtrend_warmup_s": 1.0,
+                                                 "memtrend_window_s": 3.0}
                 agent_ids = issue_agent_creds(nats_server, names, root / "creds")  # one identity per node
                 fleet = SimFleet(root / "nodes", names, nats_url=bus_url, gpus=gpus,
                                  agent_options=agent_options,
@@ -260,6 +274,12 @@ async def environment(progress: Progress, *, nodes: int = 8, pools: int = 1, gpu
                 with_agents = set(names) if agents is None else set(agents)
                 for n in set(names) - with_agents:
                     del fleet.agents[n]
+                for cond in gpu_conditions:
+                    gpu_node = fleet.nodes[str(cond["node"])]
+                    if cond.get("reset"):
+                        gpu_node.set_reset_outcome(int(cond["gpu"]), str(cond["reset"]))
+                    if cond.get("reboot"):
+                        gpu_node.set_reboot_outcome(str(cond["reboot"]))
                 async with fleet:
                     mirror_pods(cluster, fleet)
                     progress(f"• {nodes} simulated GPU nodes x {gpus} GPUs, "
