@@ -87,9 +87,12 @@ class UserSignature:
     fields: tuple[str, ...] | None
     line: int
 
-    def match(self, text: str) -> tuple[Signal, tuple[int, int]] | None:
-        """The signal this signature finds in ``text`` (an unwrapped line) and the matched span, or None."""
-        if self.anchor not in text.lower():
+    def match(self, text: str, low: str | None = None) -> tuple[Signal, tuple[int, int]] | None:
+        """The signal this signature finds in ``text`` (an unwrapped line) and the matched span, or None.
+
+        ``low`` is ``text.lower()`` when the caller has it already (one lower-casing for every signature).
+        """
+        if self.anchor not in (text.lower() if low is None else low):
             return None
         m = self.pattern.search(text)
         if m is None:
@@ -199,8 +202,9 @@ class RuleSet:
 
     def signal(self, text: str) -> tuple[UserSignature, Signal, tuple[int, int]] | None:
         """The first added signature that matches the unwrapped line ``text``."""
+        low = text.lower()
         for sig in self.signatures:
-            hit = sig.match(text)
+            hit = sig.match(text, low)
             if hit is not None:
                 return sig, hit[0], hit[1]
         return None

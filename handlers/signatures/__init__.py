@@ -20,9 +20,10 @@ A component reporting that it skipped or ignored an event is never a signal.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
+from functools import lru_cache
 from itertools import islice
-from typing import TYPE_CHECKING, BinaryIO, overload
+from typing import TYPE_CHECKING, BinaryIO
 
 from handlers.signatures.cuda import classify_cuda
 from handlers.signatures.dcgm import (
@@ -42,6 +43,7 @@ from handlers.signatures.model import Signal, json_fields, unwrap_line
 if TYPE_CHECKING:
     from handlers.rules import RuleSet
 from handlers.signatures.nccl import classify_nccl, is_old_nccl_warn
+from handlers.signatures.prefilter import BlockLines, Prefilter, line_offsets, prefilter, skeleton, skeleton_anchor
 
 __all__ = [
     "ANCHORS",
@@ -61,10 +63,10 @@ __all__ = [
 ]
 
 # Every signal any family recognises contains one of these anchors once the line is reduced to its
-# "skeleton": lower-cased, with every byte that is not a letter of some anchor deleted (so "fallen off the bus" is
-# looked for as "fallenoffthebus", "DCGM_FI" as "dcgmfi"). A line without one is never parsed. ``LineScanner``
-# builds the skeleton of a whole block with one ``bytes.translate`` and finds the anchors with ``bytes.find``
-# (both C loops), so ordinary log lines cost almost nothing. Keep this in step with the family parsers:
+# "skeleton": lower-cased, with every byte that is not an ASCII letter deleted (so "fallen off the bus" is looked
+# for as "fallenoffthebus", "DCGM_FI" as "dcgmfi"). A line without one is never parsed. ``LineScanner`` builds
+# the skeleton of a whole block with one ``bytes.translate`` and finds every anchor in it with one Aho-Corasick
+# pass (``prefilter``), so ordinary log lines cost almost nothing. Keep this in step with the family parsers:
 # tests check that every signal line has an anchor and that nothing without one is ever recognised.
 ANCHORS: tuple[str, ...] = (
     "xid", "nvrm", "nccl", "cuda", "dcgm", "gpuislost", "fallenoffthebus", "outofmemory", "detectedbywatchdog",
@@ -76,12 +78,6 @@ ANCHORS: tuple[str, ...] = (
     "failgpu",
 )
 _BANCHORS = tuple(a.encode() for a in ANCHORS)
-# "nccl" followed by "info" is no anchor: NCCL's INFO chatter (a large share of a training job's log) is never
-# a signal, and such a line is looked at only when another anchor is on it.
-_CHATTER = b"ncclinfo"
-_ALPHABET = frozenset(b"".join((*_BANCHORS, _CHATTER)))
-_LOWER = bytes(c + 32 if 65 <= c <= 90 else c for c in range(256))
-_DELETE = bytes(c for c in range(256) if _LOWER[c] not in _ALPHABET and c != 10)
 
 _KERNEL = ("xid", "nvrm", "lost", "off the bus", "eventdata", "heartbeat", "unhealthy", "device handle")
 _CUDA = ("cuda", "out of memory", "oom when allocating", "resource exhausted", "resource_exhausted",
@@ -95,37 +91,21 @@ _NCCL = ("nccl", "watchdog", "heartbeat", "desync", "exitcode", "childfailed", "
 # The anchors as one regex, for callers that want a pattern (``re.compile(PREFILTER.pattern.encode(), re.I)``
 # works on bytes): it matches wherever ``has_anchor`` is true (between an anchor's letters it allows whatever
 # the skeleton deletes), and more. It is the portable form and slow (Python's ``re`` has no multi-literal
-# search: about 15x slower than ``anchored_lines``/``LineScanner``, which are the ones to use on a hot path).
-_BETWEEN = "[^" + "".join(sorted({chr(c) for c in _ALPHABET})) + "\\n]*"
+# search: far slower than ``anchored_lines``/``LineScanner``, which are the ones to use on a hot path).
+_BETWEEN = "[^a-z\\n]*"
 PREFILTER = re.compile("|".join(_BETWEEN.join(a) for a in ANCHORS), re.IGNORECASE | re.ASCII)
 
 
-def skeleton(data: bytes) -> bytes:
-    """``data`` lower-cased with every byte that no anchor uses deleted (newlines kept)."""
-    return data.translate(_LOWER, _DELETE)
-
-
-def _anchored_lines(skel: bytes, anchors: tuple[bytes, ...] = _BANCHORS) -> set[int]:
-    """Start offsets (in ``skel``) of the lines that hold an anchor."""
-    starts: set[int] = set()
-    find, rfind, chatter = skel.find, skel.rfind, skel.startswith
-    for a in anchors:
-        i = find(a)
-        while i >= 0:
-            if a == b"nccl" and chatter(_CHATTER, i):
-                i = find(a, i + 8)
-                continue
-            starts.add(rfind(b"\n", 0, i) + 1)
-            le = find(b"\n", i)
-            if le < 0:
-                break
-            i = find(a, le)
-    return starts
+def _rules_prefilter(rules: RuleSet | None) -> Prefilter:
+    """The prefilter for the built-in anchors and, when ``rules`` add signatures, theirs too."""
+    if not rules or not rules.signatures:
+        return prefilter(_BANCHORS)
+    return prefilter(_BANCHORS + tuple(sorted({rule_anchor(a) for a in rules.anchors()} - {b""})))
 
 
 def has_anchor(text: str) -> bool:
     """True when ``text`` may hold a signal: its skeleton contains one of ``ANCHORS``."""
-    return bool(_anchored_lines(skeleton(text.encode("utf-8", "replace"))))
+    return bool(prefilter(_BANCHORS).lines(skeleton(text.encode("utf-8", "replace")))[0])
 
 
 def classify_line(line: str) -> Signal | None:
@@ -197,46 +177,19 @@ def _classify(text: str, low: str) -> Signal | None:
 def anchored_lines(block: bytes) -> list[tuple[int, bytes]]:
     """``(0-based line index, line)`` for every line of ``block`` that holds an anchor, in order.
 
-    The fast prefilter for callers with their own per-line handling (the pod-log scanner): one ``translate``
-    builds the block's skeleton and one ``find`` loop per anchor marks the lines; nothing else is split out
-    or decoded. Every line ``classify_line`` could recognise is among them.
+    The fast prefilter for callers with their own per-line handling: one ``translate`` builds the block's
+    skeleton, one Aho-Corasick pass marks the lines (``prefilter``); nothing else is split out or decoded.
+    Every line ``classify_line`` could recognise is among them.
     """
-    skel = skeleton(block)
-    starts = _anchored_lines(skel)
-    if not starts:
+    indices, _n = prefilter(_BANCHORS).lines(skeleton(block))
+    if not indices:
         return []
-    count = skel.count
-    lines = block.split(b"\n")  # skeleton offsets differ from the block's; line numbers do not
     out: list[tuple[int, bytes]] = []
-    line_no, spos = 0, 0
-    for ls in sorted(starts):
-        line_no += count(b"\n", spos, ls)
-        spos = ls
-        out.append((line_no, lines[line_no]))
+    find = block.find
+    for index, start in zip(indices, line_offsets(block, indices), strict=True):
+        end = find(b"\n", start)
+        out.append((index, block[start:] if end < 0 else block[start:end]))
     return out
-
-
-class _Lines(Sequence[str]):
-    """The lines of a block, decoded only when the framing layer reads one."""
-
-    __slots__ = ("_raw",)
-
-    def __init__(self, raw: list[bytes]) -> None:
-        self._raw = raw
-
-    def __len__(self) -> int:
-        return len(self._raw)
-
-    @overload
-    def __getitem__(self, i: int) -> str: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> Sequence[str]: ...
-
-    def __getitem__(self, i: int | slice) -> str | Sequence[str]:
-        if isinstance(i, slice):
-            return [r.decode("utf-8", "replace") for r in self._raw[i]]
-        return self._raw[i].decode("utf-8", "replace")
 
 
 _WHOLE = ("NCCL INFO", "DCGM_FI_", "DCGM_EXP_", "NVRM: GPU at", "NVRM: loading")
@@ -247,9 +200,36 @@ def _whole_record(raw: str) -> bool:
     return any(w in raw for w in _WHOLE)
 
 
+# The driver's GPU identity and load banners, alone on their line (a dmesg timestamp at most before them).
+_BANNER_RE = re.compile(rb"^(?:\[\s*\d+\.\d+\]\s*)?NVRM: (?:GPU at PCI:[0-9A-Fa-f:.]+: GPU-[0-9A-Fa-f-]+"
+                        rb"|loading NVIDIA UNIX [\w.]+ Kernel Module +[\w.]+ +[ \w:]*)\s*$")
+
+
+@lru_cache(maxsize=32)
+def _literals(anchors: tuple[str, ...]) -> re.Pattern[bytes]:
+    """The operator signatures' anchor literals as one pattern (for ``_silent``)."""
+    return re.compile(b"|".join(re.escape(a.encode()) for a in anchors))
+
+
+def _silent(raw: bytes, literals: re.Pattern[bytes] | None) -> bool:
+    """True for the commonest anchored noise, judged on the raw line without parsing: NCCL INFO chatter (no
+    JSON, no escapes, no ``NCCL WARN``) and the driver's identity and load banners -- lines that give no signal
+    and are whole records by format (``_whole_record``), so framing needs nothing from them. ``literals`` are
+    the operator signatures' anchors (lower case, as one pattern): a line holding one is parsed as usual.
+    """
+    if b"NCCL INFO" in raw:
+        if b"{" in raw or b"\\" in raw:
+            return False
+        low = raw.lower()
+        return b"nccl warn" not in low and (literals is None or literals.search(low) is None)
+    if b"NVRM: " in raw and _BANNER_RE.match(raw) is not None:
+        return literals is None or literals.search(raw.lower()) is None
+    return False
+
+
 def rule_anchor(literal: str) -> bytes:
     """The skeleton form of an operator signature's ``contains`` literal (what the block prefilter looks for)."""
-    return skeleton(literal.encode("utf-8", "replace")).replace(b"\n", b"")
+    return skeleton_anchor(literal)
 
 
 def _parser(rules: RuleSet | None) -> Callable[[str], Signal | None]:
@@ -269,21 +249,14 @@ def _parser(rules: RuleSet | None) -> Callable[[str], Signal | None]:
 
 def _scan_block(block: bytes, first_line: int, rules: RuleSet | None = None) -> Iterator[tuple[int, Signal]]:
     """Signals in ``block`` (whole lines, UTF-8), numbered from ``first_line``; records framed (``framing``)."""
-    skel = skeleton(block)
-    starts = _anchored_lines(skel)
-    if rules and rules.signatures:
-        starts |= _anchored_lines(skel, tuple(rule_anchor(a) for a in rules.anchors()))
-    if not starts:
+    indices, n = _rules_prefilter(rules).lines(skeleton(block))
+    if not indices:
         return
-    count = skel.count
-    indices: list[int] = []
-    line_no, spos = 0, 0
-    for ls in sorted(starts):
-        line_no += count(b"\n", spos, ls)
-        spos = ls
-        indices.append(line_no)
-    lines = _Lines(block.split(b"\n"))
-    for index, sig in frame(lines, indices, _parser(rules), complete=_whole_record):
+    lines = BlockLines(block, dict(zip(indices, line_offsets(block, indices), strict=True)), n)
+    literals = _literals(rules.anchors()) if rules and rules.signatures else None
+    raw = lines.raw
+    silent = {i for i in indices if _silent(raw(i), literals)}
+    for index, sig in frame(lines, indices, _parser(rules), complete=_whole_record, silent=silent):
         yield first_line + index, sig
 
 

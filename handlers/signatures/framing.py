@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 
 from handlers.signatures.model import Signal, unwrap_line
 
@@ -82,16 +83,19 @@ def join(parts: Sequence[str], glue: str | None = None) -> str:
 
 def frame(lines: Sequence[str], anchored: Sequence[int], parse: Parse,
           split: frozenset[int] = frozenset(),
-          complete: Callable[[str], bool] | None = None) -> Iterator[tuple[int, Signal]]:
+          complete: Callable[[str], bool] | None = None,
+          silent: AbstractSet[int] = frozenset()) -> Iterator[tuple[int, Signal]]:
     """``(0-based index, Signal)`` for the records among ``lines``, in order.
 
     ``anchored`` are the indices of the lines holding an anchor (ascending); ``split`` the indices of lines
     to join to the next without a separator (a caller that knows where a word was cut); ``parse`` judges one
     (possibly joined) record; ``complete`` says of a raw line that it is a whole record by its format (NCCL
-    INFO chatter, a metric series, a GPU identity line), so no join is tried around it.
+    INFO chatter, a metric series, a GPU identity line), so no join is tried around it; ``silent`` are anchored
+    lines the caller already knows to give no signal and to be such whole records (judged as if ``parse``
+    had said None and ``complete`` True, without calling either).
     """
     n = len(lines)
-    cache: dict[int, Signal | None] = {}
+    cache: dict[int, Signal | None] = dict.fromkeys(silent)
     messages: dict[int, str] = {}
 
     def msg(i: int) -> str:
@@ -108,7 +112,7 @@ def frame(lines: Sequence[str], anchored: Sequence[int], parse: Parse,
     consumed = -1  # the last index a reported record used
     todo = sorted(anchored_set | split)
     for i in todo:
-        if i <= consumed:
+        if i <= consumed or i in silent:
             continue
         sig = alone(i) if i in anchored_set else None
         if sig is not None:

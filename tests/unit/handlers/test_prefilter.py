@@ -1,0 +1,121 @@
+"""The one-pass anchor prefilter (``handlers.signatures.prefilter``) and the scanner's shortcuts around it.
+
+It must mark exactly the lines whose skeleton holds an anchor (NCCL INFO chatter excepted), locate any line
+of a block without splitting it, and the lines the scanner judges "silent" without parsing must be lines the
+parsers would have given nothing for and framing treats as whole records.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chaos.bench.classify import _noise, _signal, bench_rules
+from handlers.signatures import _BANCHORS, _literals, _parse, _silent, _whole_record, has_anchor
+from handlers.signatures.prefilter import BlockLines, Prefilter, line_offsets, prefilter, skeleton, skeleton_anchor
+
+
+def _naive_lines(skel: bytes, anchors: tuple[bytes, ...]) -> list[int]:
+    out = []
+    for n, line in enumerate(skel.split(b"\n")):
+        hits = [a for a in anchors if a in line]
+        # "nccl" counts only where it is not followed by "info"
+        if any(a != b"nccl" for a in hits) or line.replace(b"ncclinfo", b"").find(b"nccl") >= 0:
+            out.append(n)
+    return out
+
+
+def _bench_block(n: int = 3000, seed: int = 7) -> bytes:
+    rng = random.Random(seed)
+    lines = [(_signal(rng, i)[0] if i % 50 == 25 else _noise(rng, i)) for i in range(n)]
+    return "\n".join(lines).encode()
+
+
+def test_prefilter_marks_exactly_the_anchored_lines_of_a_realistic_block() -> None:
+    block = _bench_block()
+    skel = skeleton(block)
+    got, n = prefilter(_BANCHORS).lines(skel)
+    assert n == block.count(b"\n") + 1
+    assert got == _naive_lines(skel, _BANCHORS)
+    assert len(got) > 60  # the injected signals and the anchored noise
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["NCCL INFO cudaDev 0", "nccl info", "NCCLINFO", "NCCL WARN x", "Xid 79", "x id",
+                                 "plain words", "", "fallen off the bus", "ncc l", "NCCL", "info NCCL", "\u00e9"]),
+                max_size=12).map("\n".join))
+def test_prefilter_agrees_with_a_naive_search(text: str) -> None:
+    skel = skeleton(text.encode())
+    assert prefilter(_BANCHORS).lines(skel)[0] == _naive_lines(skel, _BANCHORS)
+
+
+def test_nccl_info_chatter_is_no_anchor_but_another_anchor_beside_it_is() -> None:
+    assert not has_anchor("host:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC")
+    assert has_anchor("host:1:2 [0] NCCL INFO comm 0x1 rank 0 nranks 8 cudaDev 0 busId 18000 - Init COMPLETE")
+    assert has_anchor("host:1:2 [0] NCCL WARN NET/IB : Got completion from peer")
+
+
+def test_skeleton_drops_everything_but_letters_and_newlines() -> None:
+    assert skeleton(b"Fallen_off-the BUS!\n0x12 Xid") == b"fallenoffthebus\nxxid"
+    assert skeleton_anchor("Link Down (port 1)") == b"linkdownport"
+
+
+def test_a_prefilter_needs_an_anchor() -> None:
+    with pytest.raises(ValueError, match="anchor"):
+        Prefilter([b""])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(alphabet="ab \t", max_size=300), min_size=1, max_size=400), st.data())
+def test_line_offsets_find_every_line_start(lines: list[str], data: st.DataObject) -> None:
+    block = "\n".join(lines).encode()
+    starts = [0]
+    for line in lines[:-1]:
+        starts.append(starts[-1] + len(line.encode()) + 1)
+    targets = sorted(set(data.draw(st.lists(st.integers(0, len(lines) - 1), max_size=60))))
+    assert line_offsets(block, targets) == [starts[t] for t in targets]
+
+
+def test_block_lines_reach_any_line_from_the_known_ones() -> None:
+    lines = [f"line {i} " + "x" * (i * 37 % 200) for i in range(500)]
+    block = "\n".join(lines).encode()
+    known_idx = [3, 250, 251, 499]
+    view = BlockLines(block, dict(zip(known_idx, line_offsets(block, known_idx), strict=True)), len(lines))
+    assert len(view) == 500
+    for i in (0, 2, 3, 4, 100, 249, 250, 252, 400, 498, 499, -1):
+        assert view[i] == lines[i]
+    assert view[10:13] == lines[10:13]
+    with pytest.raises(IndexError):
+        view[500]
+
+
+def test_silent_lines_are_lines_the_parsers_give_nothing_for_and_whole_records() -> None:
+    block = _bench_block(20000, seed=11)
+    lines = block.split(b"\n")
+    silent = [raw for raw in lines if _silent(raw, None)]
+    assert len(silent) > 200  # NCCL INFO chatter and driver banners are common
+    for raw in silent:
+        text = raw.decode()
+        assert _parse(text) is None and _whole_record(text), text
+
+
+@pytest.mark.parametrize("raw", [
+    b"host:1:2 [0] NCCL INFO Call to connect returned Connection refused, retrying NCCL WARN",
+    b'{"log": "host:1:2 [0] NCCL INFO NET/IB : Got completion from peer with status=12"}',
+    b"host:1:2 [0] NCCL INFO Init COMPLETE\\nNCCL WARN Cuda failure 'out of memory'",
+    b"[  12.000001] NVRM: GPU at PCI:0000:1a:00: GPU-509665ad-1d57-2e8f-6c2b-9f0e1a2b0003 Xid 79",
+    b"[  12.000001] NVRM: GPU at 0000:1a:00.0 has fallen off the bus.",
+])
+def test_lines_that_may_say_more_are_never_silent(raw: bytes) -> None:
+    assert not _silent(raw, None)
+
+
+def test_a_line_holding_an_operator_anchor_is_never_silent() -> None:
+    rules = bench_rules()
+    lits = _literals(rules.anchors())
+    chatter = b"host:1:2 [0] NCCL INFO Using network IB cudaDev 0"
+    assert _silent(chatter, lits)
+    assert not _silent(chatter + b" mlx5_0: Port 1 link down", lits)
