@@ -83,7 +83,17 @@ INCIDENT_HEADER = "Remediator-Incident"  # on a dead letter whose message belong
 DAY_S = 86_400
 FAULTS_MAX_AGE_S = 30 * DAY_S  # events are replayable history for a month; incidents live in KV and AUDIT
 DISPATCH_MAX_ACK_PENDING = 256  # per-node order comes from the node lock and CAS, not from the consumer
-EXECUTOR_MAX_ACK_PENDING = 64  # playbooks in flight per replica set; the blast-radius budget bounds it too
+EXECUTOR_MAX_ACK_PENDING = 64  # the floor of the executor's pending limit (executor_max_ack_pending)
+EXECUTOR_REPLICA_ROOM = 2  # replicas the executor's pending limit leaves room for (the chart runs 2)
+
+
+def executor_max_ack_pending(settings: Settings) -> int:
+    """The executor consumer's ``max_ack_pending``, derived from ``executor_concurrency``: each replica holds
+    ``executor_concurrency`` decisions at once plus the one its pull loop waits with, and the limit leaves
+    room for ``EXECUTOR_REPLICA_ROOM`` replicas at that concurrency (never below 64), so the consumer never
+    silently caps the concurrency a replica is configured with. The blast-radius budget bounds the
+    playbooks in flight too."""
+    return max(EXECUTOR_MAX_ACK_PENDING, EXECUTOR_REPLICA_ROOM * (settings.executor_concurrency + 1))
 
 
 # --- connection -----------------------------------------------------------------------------------
@@ -330,7 +340,7 @@ def _consumer_specs(settings: Settings) -> list[tuple[str, js_api.ConsumerConfig
               DISPATCH_MAX_ACK_PENDING)),
         (subjects.REMEDIATIONS_STREAM,
          pull(EXECUTOR_CONSUMER, "decisions to the executor", float(settings.executor_ack_wait_s),
-              EXECUTOR_MAX_ACK_PENDING)),
+              executor_max_ack_pending(settings))),
     ]
 
 
@@ -521,6 +531,11 @@ async def verify(js: JetStreamContext, settings: Settings, *, replicas: int | No
         if c.max_deliver not in (None, -1) and int(c.max_deliver or 0) < settings.max_deliver:
             problems.append(f"consumer {stream}/{config.durable_name} delivers at most {c.max_deliver} times, "
                             f"fewer than max_deliver {settings.max_deliver}")
+        if (config.durable_name == EXECUTOR_CONSUMER and c.max_ack_pending not in (None, -1)
+                and int(c.max_ack_pending or 0) <= settings.executor_concurrency):
+            log.warning("consumer %s/%s allows %s decisions pending, which caps executor_concurrency %d; "
+                        "run `remediator bus init --reset-consumers` to declare %d", stream, config.durable_name,
+                        c.max_ack_pending, settings.executor_concurrency, executor_max_ack_pending(settings))
     if problems:
         raise BusNotProvisioned(problems, want)
 

@@ -257,6 +257,9 @@ class Executor:
                         raise _Cancelled(reason)
                 if spec.requires_approval:
                     await self._await_approval(d, spec, audit)
+                cordon = self._cordon_with(pb, spec, run)
+                if cordon is not None and await self._runner.quarantine(ctx, spec, cordon, stored):
+                    continue
                 await self._runner.run(ctx, spec, stored)
             if run.shadow:
                 outcome = "dry-run"
@@ -267,6 +270,23 @@ class Executor:
                                            for r in run.records.values()):
             outcome = "escalated"  # handed over to a person (gpu-lost, unknown-xid, the replace rung)
         return await self._finish(d, pb, stored, outcome, detail, audit)
+
+    @staticmethod
+    def _cordon_with(pb: Playbook, spec: StepSpec, run: RunRecord) -> StepSpec | None:
+        """The ``cordon`` step to take in one request with ``spec`` (the quarantine first): when ``spec`` is a
+        ``taint`` the playbook follows with a ``cordon`` that has not run and needs no approval."""
+        if spec.name != "taint":
+            return None
+        keys = [s.key for s in pb.steps]
+        i = keys.index(spec.key) if spec.key in keys else -1
+        if i < 0 or i + 1 >= len(pb.steps):
+            return None
+        nxt = pb.steps[i + 1]
+        done = run.records.get(nxt.key)
+        if nxt.name != "cordon" or nxt.requires_approval or nxt.rung != spec.rung or (
+                done is not None and done.status not in ("pending", "running")):
+            return None
+        return nxt
 
     async def _finish(self, d: Decision, pb: Playbook | None, stored: StoredRun, outcome: str, detail: str,
                       audit: IncidentAudit) -> RunResult:

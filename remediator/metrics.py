@@ -6,6 +6,10 @@ replica appends and keeps the Prometheus series: decisions by playbook, guard bl
 result, playbook outcomes, breaker state, runs in progress, and the time from a decision to its first
 action. The ingest app serves them on ``/metrics`` next to its own request counters.
 
+One source is not the audit trail: the Kubernetes adapter's client-side rate limiter (``watch_limiter``),
+read when the page is rendered — requests waiting now, sent, and seconds spent waiting, per lane
+(``quarantine``, ``read``, ``bulk``: ``remediator.adapters.ratelimit``).
+
 Only typed fields are read: the record's kind (``what``), ``incident``, ``time`` and the ``after`` shapes
 defined in ``remediator.audit`` (``DecisionAfter``, ``GuardVerdictAfter``, ``StepAfter``,
 ``PlaybookFinishedAfter``); never the prose in ``why``. A step record without ``step`` is the step its
@@ -17,8 +21,9 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from datetime import datetime
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from remediator.contracts import AuditRecord
 
@@ -32,6 +37,16 @@ def _fmt(labels: _Labels) -> str:
     inner = ",".join(f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
                      for k, v in labels)
     return "{" + inner + "}"
+
+
+class LimiterView(Protocol):
+    """What the metrics read of a rate limiter (``remediator.adapters.ratelimit.LanedLimiter``)."""
+
+    def queued(self) -> Mapping[str, int]: ...
+
+    def taken(self) -> Mapping[str, int]: ...
+
+    def waited(self) -> Mapping[str, float]: ...
 
 
 class ServiceMetrics:
@@ -50,6 +65,11 @@ class ServiceMetrics:
         "remediator_decision_to_first_action_seconds": (
             "summary", "Time from a decision to its playbook's first completed step."),
         "remediator_ready": ("gauge", "1 while a readiness condition (bus, consumers, kubernetes) holds."),
+        "remediator_kube_requests_queued": (
+            "gauge", "Kubernetes requests waiting for the client-side rate limit now, by lane."),
+        "remediator_kube_requests_total": ("counter", "Kubernetes requests sent (each retry included), by lane."),
+        "remediator_kube_request_wait_seconds_total": (
+            "counter", "Seconds Kubernetes requests waited for the client-side rate limit, by lane."),
         "remediator_events_refused_total": (
             "counter", "Events dispatch refused and audited as event_ignored, by reason (subject_mismatch: an "
                        "agent event naming another node or source than its subject)."),
@@ -76,6 +96,7 @@ class ServiceMetrics:
         self._latency_count = 0
         self._pending_limit = pending_limit
         self._ready: dict[str, float] = {}
+        self._limiter: LimiterView | None = None
 
     def _inc(self, name: str, labels: _Labels = (), n: float = 1.0) -> None:
         self._counters[(name, labels)] = self._counters.get((name, labels), 0.0) + n
@@ -145,6 +166,10 @@ class ServiceMetrics:
             else:
                 self._inc("remediator_identity_refusals_total", (("reason", outcome[:64]),))
 
+    def watch_limiter(self, limiter: LimiterView) -> None:
+        """Show ``limiter``'s queue, requests and waiting per lane on every render."""
+        self._limiter = limiter
+
     def set_ready(self, condition: str, ok: bool) -> None:
         """Record a readiness condition as last probed (``remediator.readiness``)."""
         with self._lock:
@@ -166,6 +191,13 @@ class ServiceMetrics:
             for condition, value in sorted(self._ready.items()):
                 by_name.setdefault("remediator_ready", []).append(
                     f"remediator_ready{_fmt((('condition', condition),))} {value:g}")
+            limiter = self._limiter
+            if limiter is not None:
+                for name, series in (("remediator_kube_requests_queued", limiter.queued()),
+                                     ("remediator_kube_requests_total", limiter.taken()),
+                                     ("remediator_kube_request_wait_seconds_total", limiter.waited())):
+                    by_name[name] = [f"{name}{_fmt((('lane', lane),))} {value:g}"
+                                     for lane, value in sorted(series.items())]
             summary = "remediator_decision_to_first_action_seconds"
             by_name[summary] = [f"{summary}_sum {self._latency_sum:g}", f"{summary}_count {self._latency_count}"]
         out: list[str] = []

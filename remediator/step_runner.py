@@ -9,6 +9,11 @@ while never re-running one that completed. A ``TemporaryError`` (Kubernetes, an 
 executor's settling; a ``PermanentError`` or ``StepFailed`` fails the step. Also here: the escalation and the
 rollback a failed ladder ends with, and the check for a person's override.
 
+Quarantine first: a run whose next steps are ``taint`` then ``cordon`` takes both in one request
+(``StepRunner.quarantine``: the Kubernetes port's ``quarantine``, one PATCH carrying the taint and
+``spec.unschedulable`` from the rate limiter's priority lane), each still recorded and audited as its own
+step, with one run-record write before and one after.
+
 The steps write audit records through ``StepAudit``, the incident's bound appender in the shape the step
 library's ``AuditPort`` has, so their records carry the incident's provenance as the executor's do.
 """
@@ -23,8 +28,9 @@ from typing import Any
 
 from playbooks.schema import StepSpec
 from playbooks.steps import Skipped, StepContext, StepFailed, StepRegistry, placed_by_us
+from playbooks.steps import _taint_value as taint_value  # the one rule for the value of our taint
 from remediator.audit import IncidentAudit, step_after
-from remediator.contracts import AuditRecord, AuditWhat, StepRecord
+from remediator.contracts import AuditRecord, AuditWhat, Change, StepRecord
 from remediator.errors import PermanentError
 from remediator.run import RunRecord, StoredRun
 from remediator.telemetry import span
@@ -100,6 +106,50 @@ class StepRunner:
         await audit.append(ctx.node, "step_skipped" if skipped else "step_succeeded",
                            f"{key}: {res.detail}"[:4000], before=res.before, after=step_after(key, after))
         return status
+
+    async def quarantine(self, ctx: StepContext, taint: StepSpec, cordon: StepSpec, stored: StoredRun) -> bool:
+        """Run the steps ``taint`` and ``cordon`` as one request where the Kubernetes port can
+        (``quarantine``); True when both succeeded. Each keeps its own step record (``running`` in one write
+        before the request, the outcome in one write after) and its own ``step_started``/``step_succeeded``
+        records, so a reader, the ladder and a resumed run see the two steps as if run one after the other.
+        False when the port has no such request, or the combined request failed for a reason that is not
+        temporary: the records still say ``running``, and the caller runs the steps one by one (they are
+        idempotent), which records what failed as that step's failure."""
+        combined = getattr(ctx.kube, "quarantine", None)
+        if combined is None:
+            return False
+        run, audit = stored.run, ctx.audit
+        started = self.clock()
+        for spec in (taint, cordon):
+            prior = run.records.get(spec.key)
+            run.put(spec.key, StepRecord(name=spec.name, status="running", params=dict(spec.params),
+                                         started_at=started,
+                                         detail="resumed after an interrupted attempt" if prior else ""))
+        await stored.save()
+        for spec in (taint, cordon):
+            await audit.append(ctx.node, "step_started", f"{spec.key}: {spec.name} (one request with "
+                               f"{cordon.key if spec is taint else taint.key})",
+                               after={"step": spec.key, "params": dict(spec.params), "timeout_s": spec.timeout_s})
+        key, value = ctx.settings.taint_key, taint_value(ctx, taint.params)
+        effect = str(taint.params.get("effect", "NoSchedule"))  # as the taint step sends it
+        with span("step quarantine", attributes={"remediator.step": f"{taint.key}+{cordon.key}"}):
+            try:
+                changes: tuple[Change, Change] = await asyncio.wait_for(
+                    combined(ctx.node, key, value, effect), timeout=min(taint.timeout_s, cordon.timeout_s))
+            except (StepFailed, PermanentError, TimeoutError):
+                return False
+        finished = self.clock()
+        for spec, c, what in ((taint, changes[0], "taint"), (cordon, changes[1], "cordon")):
+            after = {**c.after, "changed_by_us": c.changed}
+            run.put(spec.key, StepRecord(name=spec.name, status="succeeded", params=dict(spec.params),
+                                         before=c.before, after=after, detail=(c.detail or what)[:2000],
+                                         started_at=started, finished_at=finished))
+        await stored.save()
+        for spec, c, what in ((taint, changes[0], "taint"), (cordon, changes[1], "cordon")):
+            after = run.records[spec.key].after
+            await audit.append(ctx.node, "step_succeeded", f"{spec.key}: {c.detail or what}"[:4000], before=c.before,
+                               after=step_after(spec.key, after))
+        return True
 
     async def skip(self, ctx: StepContext, spec: StepSpec, stored: StoredRun, why: str) -> None:
         """Record ``spec`` as skipped without running it (a rung the ladder passes over, a dry run)."""

@@ -1,23 +1,59 @@
-"""Client-side rate limit: a token bucket shared by every Kubernetes API call of one adapter.
+"""Client-side rate limit: one token bucket shared by every Kubernetes API call of one adapter, in lanes.
 
 Where it sits: under ``remediator.adapters.kube``. Every request the Kubernetes adapter sends (each retry
 attempt included) takes one token first, so a storm of remediations cannot flood the API server; the
 defaults (20 requests per second, bursts of 40) follow ``Settings.kube_qps`` and ``Settings.kube_burst``.
 
-The bucket is thread-safe (the async port, ``AsyncKube``, calls the adapter from its worker threads) and
-takes its clock and its sleep as arguments, so tests move a fake clock instead of sleeping. It works by
-reservation, like Go's
-``rate.Limiter``: taking a token may drive the balance below zero, and the caller then waits until the
-debt is paid back. Waiting happens outside the lock, so callers queue fairly in reservation order.
+``LanedLimiter`` (what the adapter uses) hands the tokens of that one bucket out by lane, so the total rate
+never exceeds the limit while the order of who waits changes:
+
+* ``quarantine`` — the first protective action of a run (the one PATCH that taints and cordons a failing
+  node): always served first, so time-to-cordon stays small however many drains are queued;
+* ``read`` and ``bulk`` — node and pod reads, and everything else (drains, evictions, their polls,
+  restarts, annotations, events): served in turn when both wait, so neither starves the other.
+
+Which lane a request is in is a context variable (``lane("quarantine")``), set by the adapter method
+that sends it and carried onto the worker thread by ``AsyncKube``; without one, a GET is a ``read`` and
+anything else ``bulk``. ``queued()`` and ``taken()`` (per lane) are what ``/metrics`` shows.
+
+``TokenBucket`` is the plain bucket (one FIFO by reservation, like Go's ``rate.Limiter``: taking a token may
+drive the balance below zero and the caller waits until the debt is paid back). Both are thread-safe (the
+async port calls the adapter from its worker threads) and take their clock and their sleep as arguments,
+so tests move a fake clock instead of sleeping.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Final
 
-__all__ = ["TokenBucket"]
+__all__ = ["LANES", "LanedLimiter", "TokenBucket", "current_lane", "lane"]
+
+LANES: Final = ("quarantine", "read", "bulk")
+_LANE: contextvars.ContextVar[str | None] = contextvars.ContextVar("kube_lane", default=None)
+
+
+@contextlib.contextmanager
+def lane(name: str) -> Iterator[None]:
+    """Send the requests of the block in lane ``name`` (one of ``LANES``); the innermost block wins."""
+    if name not in LANES:
+        raise ValueError(f"unknown lane {name!r}; lanes are {', '.join(LANES)}")
+    token = _LANE.set(name)
+    try:
+        yield
+    finally:
+        _LANE.reset(token)
+
+
+def current_lane(method: str) -> str:
+    """The lane of a request with HTTP ``method`` here: the enclosing ``lane`` block's, else ``read`` for a
+    GET and ``bulk`` for anything else."""
+    return _LANE.get() or ("read" if method == "GET" else "bulk")
 
 
 class TokenBucket:
@@ -97,3 +133,115 @@ class TokenBucket:
         if delay > 0:
             self._sleep(delay)
         return delay
+
+
+class _Ticket:
+    __slots__ = ()
+
+
+class LanedLimiter:
+    """``rate`` tokens per second, at most ``burst`` saved up (starts full), handed out by lane: the head of
+    ``quarantine`` first, then the heads of ``read`` and ``bulk`` in turn. Within a lane, first come first
+    served."""
+
+    def __init__(
+        self,
+        rate: float,
+        burst: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if rate <= 0:
+            raise ValueError(f"rate must be positive, got {rate!r}")
+        if burst < 1:
+            raise ValueError(f"burst must be at least 1, got {burst!r}")
+        self._rate = float(rate)
+        self._burst = float(burst)
+        self._clock = clock
+        self._sleep = sleep
+        self._cond = threading.Condition(threading.Lock())
+        self._tokens = float(burst)
+        self._stamp = clock()
+        self._queues: dict[str, deque[_Ticket]] = {name: deque() for name in LANES}
+        self._taken: dict[str, int] = dict.fromkeys(LANES, 0)
+        self._waited: dict[str, float] = dict.fromkeys(LANES, 0.0)
+        self._last_shared = "bulk"  # which of read/bulk took the last token (they alternate when both wait)
+
+    @property
+    def rate(self) -> float:
+        return self._rate
+
+    @property
+    def burst(self) -> int:
+        return int(self._burst)
+
+    def _refill(self, now: float) -> None:
+        elapsed = max(0.0, now - self._stamp)
+        self._tokens = min(self._burst, self._tokens + elapsed * self._rate)
+        self._stamp = max(self._stamp, now)
+
+    def _head(self) -> _Ticket | None:
+        q = self._queues
+        if q["quarantine"]:
+            return q["quarantine"][0]
+        read, bulk = q["read"], q["bulk"]
+        if read and bulk:
+            return bulk[0] if self._last_shared == "read" else read[0]
+        if read:
+            return read[0]
+        return bulk[0] if bulk else None
+
+    def acquire(self, lane_name: str = "bulk") -> float:
+        """Take one token in lane ``lane_name``, waiting for this lane's turn and for the rate; returns the
+        seconds waited."""
+        if lane_name not in self._queues:
+            raise ValueError(f"unknown lane {lane_name!r}; lanes are {', '.join(LANES)}")
+        ticket = _Ticket()
+        with self._cond:
+            start = self._clock()
+            queue = self._queues[lane_name]
+            queue.append(ticket)
+            try:
+                while True:
+                    self._refill(self._clock())
+                    if self._head() is ticket:
+                        if self._tokens >= 1.0:
+                            self._tokens -= 1.0
+                            queue.popleft()
+                            self._taken[lane_name] += 1
+                            if lane_name != "quarantine":
+                                self._last_shared = lane_name
+                            waited = max(0.0, self._clock() - start)
+                            self._waited[lane_name] += waited
+                            self._cond.notify_all()
+                            return waited
+                        delay = (1.0 - self._tokens) / self._rate
+                        self._cond.release()  # the head sleeps for its token outside the lock
+                        try:
+                            self._sleep(delay)
+                        finally:
+                            self._cond.acquire()
+                        self._cond.notify_all()  # a new head may have queued meanwhile: let it look again
+                    else:
+                        self._cond.wait(timeout=1.0)  # woken when the head takes its token
+            except BaseException:
+                with contextlib.suppress(ValueError):
+                    queue.remove(ticket)
+                self._cond.notify_all()
+                raise
+
+    def queued(self) -> dict[str, int]:
+        """Requests waiting now, per lane."""
+        with self._cond:
+            return {name: len(q) for name, q in self._queues.items()}
+
+    def taken(self) -> dict[str, int]:
+        """Tokens taken so far (requests sent), per lane."""
+        with self._cond:
+            return dict(self._taken)
+
+    def waited(self) -> dict[str, float]:
+        """Seconds requests spent waiting for their token so far, summed per lane."""
+        with self._cond:
+            return dict(self._waited)

@@ -1,12 +1,14 @@
-"""The Kubernetes client's token bucket, driven by a fake clock (nothing here sleeps for real)."""
+"""The Kubernetes client's token bucket and its lanes, driven by a fake clock (no test waits on the rate)."""
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 
 import pytest
 
-from remediator.adapters.ratelimit import TokenBucket
+from remediator.adapters.ratelimit import LanedLimiter, TokenBucket, current_lane, lane
 
 
 class FakeClock:
@@ -145,3 +147,100 @@ def test_concurrent_reservations_hand_out_each_slot_once(clock: FakeClock) -> No
     ordered = sorted(round(d, 6) for d in delays)
     assert ordered[:5] == [0.0] * 5
     assert ordered[5:] == [round(0.1 * k, 6) for k in range(1, 36)]
+
+
+# --- the lanes of the adapter's limiter ----------------------------------------------------------------
+
+
+class GatedClock(FakeClock):
+    """A fake clock whose ``sleep`` blocks until the test lets one sleeper through (``step``), so the test
+    decides when time moves while threads queue up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._gate = threading.Semaphore(0)
+
+    def sleep(self, seconds: float) -> None:
+        assert self._gate.acquire(timeout=10), "the test never let this sleeper through"
+        super().sleep(seconds)
+
+    def step(self) -> None:
+        self._gate.release()
+
+
+def _until(cond: Callable[[], bool]) -> None:
+    """Wait (bounded) for other threads to reach a state; a synchronisation, not a timing assertion."""
+    for _ in range(1000):
+        if cond():
+            return
+        time.sleep(0.005)
+    raise AssertionError("the threads never got there")
+
+
+def _run_in_lanes(limiter: LanedLimiter, clock: GatedClock, lanes: list[str]) -> list[str]:
+    """Queue one acquire per entry of ``lanes`` (in that order, each waiting behind the bucket), then let time
+    move one sleeper at a time; returns the lanes in the order their tokens were handed out."""
+    done: list[str] = []
+    lock = threading.Lock()
+
+    def take(name: str) -> None:
+        limiter.acquire(name)
+        with lock:
+            done.append(name)
+
+    threads = []
+    for i, name in enumerate(lanes):
+        t = threading.Thread(target=take, args=(name,))
+        t.start()
+        threads.append(t)
+        _until(lambda i=i: sum(limiter.queued().values()) == i + 1)
+    while any(t.is_alive() for t in threads):
+        clock.step()
+        _until(lambda: len(done) + sum(limiter.queued().values()) == len(lanes))
+        time.sleep(0.01)
+    for t in threads:
+        t.join(timeout=10)
+    return done
+
+
+def test_the_quarantine_lane_is_served_before_every_queued_drain() -> None:
+    clock = GatedClock()
+    limiter = LanedLimiter(rate=10, burst=1, clock=clock, sleep=clock.sleep)
+    limiter.acquire("bulk")  # the burst is spent: every later request waits for the rate
+    order = _run_in_lanes(limiter, clock, ["bulk"] * 5 + ["quarantine"])
+    assert order[0] == "quarantine"
+    assert order[1:] == ["bulk"] * 5
+    assert limiter.taken() == {"quarantine": 1, "read": 0, "bulk": 6}
+    assert limiter.queued() == {"quarantine": 0, "read": 0, "bulk": 0}
+
+
+def test_reads_and_drains_take_turns_so_neither_starves() -> None:
+    clock = GatedClock()
+    limiter = LanedLimiter(rate=10, burst=1, clock=clock, sleep=clock.sleep)
+    limiter.acquire("bulk")
+    order = _run_in_lanes(limiter, clock, ["bulk"] * 4 + ["read"] * 4)
+    assert order == ["read", "bulk"] * 4
+
+
+def test_the_lanes_share_one_rate() -> None:
+    clock = FakeClock()
+    limiter = LanedLimiter(rate=5, burst=1, clock=clock, sleep=clock.sleep)
+    start = clock.now
+    for name in ["quarantine", "read", "bulk"] * 4:
+        limiter.acquire(name)
+    # one free token, then eleven more at 5 per second, whatever their lanes
+    assert clock.now - start == pytest.approx(11 / 5)
+    assert limiter.taken() == {"quarantine": 4, "read": 4, "bulk": 4}
+
+
+def test_lane_context_and_the_default_lane_of_a_method() -> None:
+    assert current_lane("GET") == "read"
+    assert current_lane("PATCH") == "bulk"
+    with lane("quarantine"):
+        assert current_lane("GET") == "quarantine"
+        assert current_lane("PATCH") == "quarantine"
+    assert current_lane("GET") == "read"
+    with pytest.raises(ValueError), lane("fast"):
+        pass
+    with pytest.raises(ValueError):
+        LanedLimiter(rate=1, burst=1).acquire("fast")
