@@ -35,7 +35,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
-import grpc
+# gRPC's C core logs connection events (a kubelet restarting: "Got goaway") on stderr at INFO unless told
+# otherwise; the agent's log stays one line per problem. An operator's GRPC_VERBOSITY still wins.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+import grpc  # after its verbosity is set
 from google.protobuf import json_format
 
 from chaos.sim.resources import GPU_RESOURCE, Obj, is_terminal

@@ -29,7 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
+# gRPC's C core logs connection events (a kubelet restarting: "Got goaway") on stderr at INFO unless told
+# otherwise; the agent's log stays one line per problem. An operator's GRPC_VERBOSITY still wins.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+import grpc  # after its verbosity is set
 
 from remediator.adapters import podresources_api as api
 from remediator.errors import PermanentError, TemporaryError

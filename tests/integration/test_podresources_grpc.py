@@ -135,3 +135,22 @@ def test_holders_of_a_pod_replaced_under_the_same_name_get_the_new_uid(tmp_path:
         (sim.kubelet_pods_dir / str(holder.uid)).rmdir()
         again = view.holder_map()
         assert again is not None and again.of(sim.identity(0))[0].uid == "00000000-0000-0000-0000-0000000000aa"
+
+
+def test_dra_claims_of_the_simulated_cluster_name_their_holders(tmp_path: Path, sockets: Path) -> None:
+    cluster = seed_cluster(1, gpu_allocation="dra", gpus_per_pod=2)
+    sim = SimGpuNode(tmp_path / "gpu-node-0", name="gpu-node-0", gpus=8)
+    mirror_pods(cluster, {"gpu-node-0": sim})
+    with PodResourcesServers(cluster, {"gpu-node-0": sim}) as servers:
+        servers.serve("gpu-node-0", sockets / "dra.sock")
+        pods = PodResourcesClient(sockets / "dra.sock").list()
+        claims = [d for p in pods for c in p.containers for d in c.dynamic]
+        assert claims and all(d.driver_name == "gpu.nvidia.com" and d.device_name.startswith("gpu-") for d in claims)
+        assert not [d for p in pods for c in p.containers for d in c.devices]  # DRA: no device-plugin IDs
+        view = KubeletHolders(PodResourcesClient(sockets / "dra.sock"), lambda: [sim.identity(i) for i in range(8)],
+                              uids=PodUids(sim.pod_logs_dir, sim.kubelet_pods_dir))
+        found = view.holder_map()
+    assert found is not None and found.unknown == ()
+    alloc = cluster.gpu_allocation("gpu-node-0")
+    assert {i: [(h.name, h.uid) for h in found.of(sim.identity(i))] for i in range(8)} == {
+        i: [(h.name, h.uid) for h in alloc.get(i, [])] for i in range(8)}
