@@ -5,7 +5,8 @@ file through ``chaos.schema``) and the world (``chaos.world.World``) they act on
 Alertmanager webhook payloads (``WebhookXid``, ``AlertReplay``: version 4, as dcgm-exporter alerts look,
 POSTed with a bearer token) or through the simulated GPU nodes, which the real agents read like a real
 node (``AgentXid`` in the kernel log, ``AgentEcc`` in NVML's counters, ``AgentOrphan`` as a process
-holding GPU memory whose pod is gone, ``NcclRanks`` as PyTorch watchdog lines in the training pods'
+holding GPU memory whose pod is gone, ``AgentMemoryGrowth`` as a training pod's process whose GPU memory keeps
+growing until its job is restarted, ``NcclRanks`` as PyTorch watchdog lines in the training pods'
 container logs).
 
 Each injector declares the ``FaultEvent`` kind and code the fault produces (``chaos.faults.Injector``);
@@ -206,6 +207,29 @@ class AgentOrphan(Injector):
 
 
 @dataclass(frozen=True)
+class AgentMemoryGrowth(Injector):
+    """The process of the training pod that holds the fault's GPU leaks ``mib_per_s`` MiB of GPU memory a
+    second, as NVML reports it to the agent's memory-trend watch; once its job is restarted, the new pod's
+    processes run at the job's earlier use again (``SimGpuNode.leak_memory``)."""
+
+    type: ClassVar[str] = "agent_memory_growth"
+    via: ClassVar[Via] = "agent"
+    kind: ClassVar[Kind] = "memory_leak"
+    mib_per_s: int = 2048
+
+    @property
+    def code(self) -> str:
+        return "process_growth"  # what the agent's memory-trend watch reports (remediator.agent.memtrend)
+
+    async def __call__(self, world: World, fault: Fault) -> None:
+        assert fault.gpu is not None
+        pods = [p for p in world.training_pods(fault.node) if fault.gpu in world.gpus_of(p)]
+        if not pods:
+            raise RuntimeError(f"no training pod holds GPU {fault.gpu} of {fault.node}")
+        world.sim(fault.node).leak_memory(fault.gpu, pods[0]["metadata"]["uid"], bytes_per_s=self.mib_per_s << 20)
+
+
+@dataclass(frozen=True)
 class NcclRanks(Injector):
     """Every rank of PyTorchJob ``job`` logs the PyTorch watchdog timeout of the same collective. With
     ``lagging``, that rank is stuck one collective earlier, and rank 0's desync report
@@ -243,5 +267,6 @@ class NcclRanks(Injector):
 
 # Every injector by the ``type`` a drill file names it with.
 INJECTORS: dict[str, type[Injector]] = {
-    cls.type: cls for cls in (WebhookXid, AlertReplay, AgentXid, AgentEcc, AgentOrphan, NcclRanks)
+    cls.type: cls for cls in (WebhookXid, AlertReplay, AgentXid, AgentEcc, AgentOrphan, AgentMemoryGrowth,
+                              NcclRanks)
 }

@@ -103,7 +103,12 @@ async def run_drill(drill: Drill, progress: Progress, *, label: str = "drill", d
                                crashable=bool(drill.crashes() or drill.replica_losses()), kubelet=True,
                                data_dir=data_dir, nats_port=nats_port,
                                service_replicas=drill.cluster.replicas,
-                               nats_servers=drill.cluster.nats_servers) as world:
+                               nats_servers=drill.cluster.nats_servers,
+                               gpu_operator=drill.cluster.gpu_operator,
+                               unmanaged_operands=drill.cluster.unmanaged_operands,
+                               gpu_allocation=drill.cluster.gpu_allocation,
+                               gpu_pods_per_node=drill.cluster.gpu_pods_per_node,
+                               gpu_conditions=[c.model_dump() for c in drill.cluster.gpu_conditions]) as world:
             world.faults = [f for fs in faults.values() for f in fs]
             run = DrillRun(world, drill, progress, faults, {f.name: FaultResult(f) for f in world.faults})
             try:

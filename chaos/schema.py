@@ -16,8 +16,8 @@ and an invalid one is refused with the path of the field:
 ``timeline``
     entries run in order, each at ``at_s`` seconds from the start (non-decreasing), optionally only
     ``when`` a playbook step is running on a node. An entry injects a ``fault`` (``webhook_xid``,
-    ``alert_replay``, ``agent_xid``, ``agent_ecc``, ``agent_orphan``, ``nccl_ranks``; ``nodes:`` fans one
-    fault out over several nodes, named ``<name>@<node>``) or takes an ``action`` (``nats_restart``,
+    ``alert_replay``, ``agent_xid``, ``agent_ecc``, ``agent_orphan``, ``agent_memory_growth``, ``nccl_ranks``;
+    ``nodes:`` fans one fault out over several nodes, named ``<name>@<node>``) or takes an ``action`` (``nats_restart``,
     ``kube_api_errors``, ``kube_latency``, ``kill_service``, ``agent_disconnect``, ``manual_uncordon``,
     ``opt_out``, ``block_pdb``). Actions that last (``nats_restart``, ``agent_disconnect``, ``kube_latency``
     with ``for_s``) run in the background while the timeline goes on. A fault's kind and code are never
@@ -40,7 +40,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from chaos.checks import CHECKS
-from chaos.injectors import AgentEcc, AgentOrphan, AgentXid, AlertReplay, NcclRanks, WebhookXid
+from chaos.injectors import AgentEcc, AgentMemoryGrowth, AgentOrphan, AgentXid, AlertReplay, NcclRanks, WebhookXid
 from chaos.sim import TRAINING_NAMESPACE
 from remediator.contracts import PLAYBOOK_NAMES, AuditWhat
 from remediator.settings import Settings
@@ -61,14 +61,51 @@ class ExtraJobSpec(_Spec):
     gpus: int = Field(2, ge=1, le=16)
 
 
+class GpuConditionSpec(_Spec):
+    """How a simulated node's GPU reset or reboot behaves (``SimGpuNode.set_reset_outcome`` /
+    ``set_reboot_outcome``): a reset that fails, brings back another UUID or leaves retirement pending; a
+    reboot command that runs and never reboots."""
+
+    node: str
+    gpu: int | None = Field(None, ge=0)
+    reset: Literal["fail", "new_uuid", "retired_pending"] | None = None
+    reboot: Literal["ignored"] | None = None
+
+    @model_validator(mode="after")
+    def _coherent(self) -> GpuConditionSpec:
+        if self.reset is not None and self.gpu is None:
+            raise ValueError("a reset condition names its gpu")
+        if self.reset is None and self.reboot is None:
+            raise ValueError("give reset or reboot")
+        return self
+
+
 class ClusterSpec(_Spec):
     nodes: int = Field(8, ge=1, le=64)
     pools: int = Field(1, ge=1, le=8)
     gpus_per_node: int = Field(8, ge=1, le=16)
     agents: Literal["all"] | list[str] = "all"
     jobs: list[ExtraJobSpec] = Field(default_factory=list)
+    # the GPU Operator's operands (chaos.sim.gpu_operator), holding every GPU open and following the
+    # nvidia.com/gpu.deploy.* labels; unmanaged_operands ignore the labels (a standalone install)
+    gpu_operator: bool = False
+    unmanaged_operands: list[Literal["device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm"]] = \
+        Field(default_factory=list)
+    gpu_conditions: list[GpuConditionSpec] = Field(default_factory=list)
     replicas: int = Field(1, ge=1, le=3)  # service replicas sharing the bus from the start
     nats_servers: Literal[1, 3] = 1  # 3: a real three-server NATS cluster, every stream and bucket R3
+    # how the simulated cluster hands out GPUs (chaos.sim.dra for dra), and M single-pod Jobs per node, each
+    # holding gpus_per_node / M GPUs, instead of the seeded training layout (remediator sim's flags)
+    gpu_allocation: Literal["device-plugin", "dra"] = "device-plugin"
+    gpu_pods_per_node: int | None = Field(None, ge=1, le=16)
+
+    @model_validator(mode="after")
+    def _pods_divide_gpus(self) -> ClusterSpec:
+        if self.gpu_pods_per_node is not None and self.gpus_per_node % self.gpu_pods_per_node:
+            raise ValueError("gpu_pods_per_node must divide gpus_per_node")
+        if self.gpu_allocation == "dra" and self.jobs:
+            raise ValueError("extra jobs request nvidia.com/gpu: none in a dra cluster")
+        return self
 
     def node_names(self) -> list[str]:
         return [f"gpu-node-{i}" for i in range(self.nodes)]
@@ -164,6 +201,17 @@ class AgentOrphanSpec(_FaultSpec):
         return AgentOrphan()
 
 
+class AgentMemoryGrowthSpec(_FaultSpec):
+    """The process of the training pod on ``gpu`` leaks GPU memory until its job is restarted."""
+
+    type: Literal["agent_memory_growth"]
+    gpu: int = Field(ge=0)
+    mib_per_s: int = Field(2048, ge=1, le=65536)
+
+    def injector(self) -> AgentMemoryGrowth:
+        return AgentMemoryGrowth(mib_per_s=self.mib_per_s)
+
+
 class NcclRanksSpec(_FaultSpec):
     """Every rank of a PyTorchJob logs the NCCL watchdog timeout; ``lagging`` names the stuck rank."""
 
@@ -177,7 +225,7 @@ class NcclRanksSpec(_FaultSpec):
 
 
 FaultSpec = Annotated[WebhookXidSpec | AlertReplaySpec | AgentXidSpec | AgentEccSpec | AgentOrphanSpec
-                      | NcclRanksSpec, Field(discriminator="type")]
+                      | AgentMemoryGrowthSpec | NcclRanksSpec, Field(discriminator="type")]
 
 
 def _regex(v: str) -> str:
@@ -461,6 +509,10 @@ class Drill(_Spec):
                 node_ok(f"cluster.agents.{i}", n)
         for i, job in enumerate(self.cluster.jobs):
             node_ok(f"cluster.jobs.{i}.node", job.node)
+        for i, cond in enumerate(self.cluster.gpu_conditions):
+            node_ok(f"cluster.gpu_conditions.{i}.node", cond.node)
+        if self.cluster.unmanaged_operands and not self.cluster.gpu_operator:
+            problems.append("cluster.unmanaged_operands: needs gpu_operator: true")
         names: list[str] = []
         spec_names: list[str] = []
         types: dict[str, str] = {}

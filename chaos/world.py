@@ -41,8 +41,8 @@ from chaos.kubelet import Kubelet, gpu_indices, mirror_pods, pod_job
 from chaos.nats_cluster import NatsCluster
 from chaos.replica import Replica, TcpRelay
 from chaos.sim import GPU_RESOURCE, TRAINING_NAMESPACE, KubeApiServer, seed_cluster
-from chaos.sim.cluster import ClusterState, InjectedFault
 from chaos.sim import gpu_operator as sim_gpu_operator
+from chaos.sim.cluster import ClusterState, InjectedFault
 from chaos.sim.gpu_node import SimFleet, SimGpuNode
 from remediator import bus
 from remediator.audit import iter_records
@@ -219,7 +219,8 @@ async def environment(progress: Progress, *, nodes: int = 8, pools: int = 1, gpu
                       nats_port: int | None = None, service_replicas: int = 1,
                       nats_servers: int = 1, gpu_operator: bool = False,
                       unmanaged_operands: Sequence[str] = (),
-                      gpu_conditions: Sequence[Mapping[str, Any]] = ()) -> AsyncIterator[World]:
+                      gpu_conditions: Sequence[Mapping[str, Any]] = (), gpu_allocation: str = "device-plugin",
+                      gpu_pods_per_node: int | None = None) -> AsyncIterator[World]:
     """NATS, the simulated cluster and GPU nodes, the agents and one service replica; yields the ``World``.
 
     ``settings`` override the service's settings (``harness_settings``); ``agents`` names the nodes that
@@ -232,7 +233,8 @@ async def environment(progress: Progress, *, nodes: int = 8, pools: int = 1, gpu
     operator mode, every stream and bucket declared R3 (as ``bus init --replicas 3``); ``gpu_operator``
     installs the GPU Operator's operands (``chaos.sim.gpu_operator``, ``unmanaged_operands`` ignoring the
     deploy labels); ``gpu_conditions`` set how a node's GPU resets and reboots behave (``reset``:
-    ``fail``/``new_uuid``/``retired_pending`` for ``gpu``; ``reboot``: ``ignored``).
+    ``fail``/``new_uuid``/``retired_pending`` for ``gpu``; ``reboot``: ``ignored``); ``gpu_allocation`` and
+    ``gpu_pods_per_node`` seed the cluster as ``seed_cluster`` does (``dra``: NVIDIA's DRA driver).
     """
     loop = asyncio.get_running_loop()
     previous_factory = replicas.install_task_tags(loop)
@@ -244,7 +246,8 @@ async def environment(progress: Progress, *, nodes: int = 8, pools: int = 1, gpu
             progress(f"• embedded nats-server with JetStream on {nats_server.url}"
                      + (f", store in {data_dir}" if data_dir is not None else "") if nats_cluster is None else
                      f"• NATS cluster of {nats_servers} servers with JetStream (R{nats_servers}) on {bus_url}")
-            cluster = seed_cluster(nodes=nodes, gpus_per_node=gpus, pools=pools)
+            cluster = seed_cluster(nodes=nodes, gpus_per_node=gpus, pools=pools, gpu_allocation=gpu_allocation,
+                                   gpu_pods_per_node=gpu_pods_per_node)
             for job in jobs:
                 _add_job(cluster, job)
             if gpu_operator:

@@ -157,6 +157,15 @@ class ExecutorSettings:
     verify_interval_s: float | None
     reboot_hook_url: str | None
     escalation_webhook_url: str | None
+    reboot_provider: str | None
+    reboot_timeout_s: float
+    reboot_poll_s: float
+    reboot_annotation: str
+    reboot_annotation_as_label: bool
+    reboot_job_manifest: str | None
+    reboot_job_namespace: str
+    gpu_operands: str
+    gpu_operand_timeout_s: float
 
 
 _NATS_IDENTITY_FIELDS = (
@@ -651,7 +660,10 @@ class Settings(BaseSettings):
 
     def executor_view(self) -> ExecutorSettings:
         return ExecutorSettings(self.executor_concurrency, self.verify_hold_down_s, self.verify_interval_s,
-                                self.reboot_hook_url, self.escalation_webhook_url)
+                                self.reboot_hook_url, self.escalation_webhook_url, self.reboot_provider,
+                                self.reboot_timeout_s, self.reboot_poll_s, self.reboot_annotation,
+                                self.reboot_annotation_as_label, self.reboot_job_manifest, self.reboot_job_namespace,
+                                self.gpu_operands, self.gpu_operand_timeout_s)
 
 
 def section_of(name: str) -> str:

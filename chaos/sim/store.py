@@ -278,6 +278,10 @@ class Store:
             old["metadata"].get("labels") != new["metadata"].get("labels")
         if changed and node_open(new):
             self.dirty.sched_nodes.add(name)
+        if old is not None and (old["metadata"].get("labels") != new["metadata"].get("labels")
+                                or (old.get("spec") or {}).get("taints") != (new.get("spec") or {}).get("taints")):
+            for ns, ds in self.objects["daemonsets"]:  # its nodeSelector or tolerations may (no longer) fit
+                self.dirty.ds_nodes.add((ns, ds, name))
         old_noexec = {(t.get("key"), t.get("value"), t.get("effect"))
                       for t in (old or {}).get("spec", {}).get("taints") or [] if t.get("effect") == "NoExecute"}
         if any(t.get("effect") == "NoExecute" and (t.get("key"), t.get("value"), t.get("effect")) not in old_noexec

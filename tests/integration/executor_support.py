@@ -97,6 +97,9 @@ class SimAgents:
             held = [h.to_dict() for h in self.sim.gpu_allocation(node).get(idx, [])]
             return AgentReply(id=cmd.id, ok=True, detail=f"GPU {idx} held by {len(held)} container(s)",
                               after={"holders": held, "holders_known": True})
+        if cmd.verb == "reboot_node":  # the node's host reboots: a new boot id, NotReady, then Ready again
+            self.sim.reboot_node(node)
+            return AgentReply(id=cmd.id, ok=True, changed=True, detail=f"{node}: reboot command ran")
         if cmd.verb == "health_check":
             return AgentReply(id=cmd.id, ok=self.healthy, detail="healthy" if self.healthy else "unhealthy",
                               after={"checks": cmd.params.get("checks", [])})
