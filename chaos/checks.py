@@ -20,7 +20,7 @@ from chaos.sim.gpu_operator import DEPLOY_PREFIX
 from chaos.sim.gpu_operator import NAMESPACE as OPERATOR_NAMESPACE
 from chaos.world import World
 from playbooks.gpu_reset import OPERANDS_ANNOTATION
-from remediator.adapters.kube import ESCALATED_ANNOTATION
+from remediator.adapters.kube import COMPONENT, ESCALATED_ANNOTATION, MANAGED_BY_LABEL
 
 
 def node_quarantined(world: World, f: Fault) -> list[str]:
@@ -167,11 +167,10 @@ def withdrawn_until_returned(world: World, f: Fault) -> list[str]:
     if any((e.obj.get("spec") or {}).get("unschedulable") for e in node_events):
         problems.append(f"{f.node} was cordoned")
     if world.cluster.gpu_allocation_mode == "dra":
-        device = ("gpu.nvidia.com", f.node, f"gpu-{f.gpu}")
+        device = (world.settings.dra_driver, f.node, f"gpu-{f.gpu}")
         added = next((e.rv for e in events if e.plural == "devicetaintrules" and e.type == "ADDED"
                       and _device_of(e.obj) == device
-                      and (e.obj["metadata"].get("labels") or {}).get("app.kubernetes.io/managed-by")
-                      == "gpu-remediator"), None)
+                      and (e.obj["metadata"].get("labels") or {}).get(MANAGED_BY_LABEL) == COMPONENT), None)
         if added is None:
             return [*problems, f"no DeviceTaintRule of ours ever selected {'/'.join(device)}"]
         removed = next((e.rv for e in events if e.rv > added and e.plural == "devicetaintrules"

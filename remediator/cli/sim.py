@@ -34,10 +34,17 @@ import click
               help="Split the nodes into this many pools (pool-a, pool-b, ...).")
 @click.option("--gpu-state", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Directory of the simulated GPU nodes (default: gpu-nodes/ beside the kubeconfig).")
+@click.option("--gpu-allocation", type=click.Choice(["device-plugin", "dra"]), default="device-plugin",
+              show_default=True,
+              help="How the nodes hand out GPUs: the NVIDIA device plugin (nvidia.com/gpu) or NVIDIA's DRA driver "
+                   "(ResourceSlices, ResourceClaims, DeviceTaintRules at resource.k8s.io).")
+@click.option("--gpu-pods-per-node", type=click.IntRange(min=1), default=None,
+              help="Seed M training pods per node instead of the default layout, each its own single-pod Job "
+                   "holding gpus-per-node / M GPUs (M must divide it).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON document (url, kubeconfig, nodes, gpu_state) on stdout.")
 def sim(nodes: int, port: int, kubeconfig_out: Path, gpus_per_node: int, pools: int, gpu_state: Path | None,
-        as_json: bool) -> None:
+        gpu_allocation: str, gpu_pods_per_node: int | None, as_json: bool) -> None:
     """Serve a simulated GPU cluster (Kubernetes API and GPU nodes) until SIGTERM/SIGINT."""
     from chaos.kubelet import mirror_pods
     from chaos.sim import KubeApiServer, seed_cluster
@@ -45,7 +52,11 @@ def sim(nodes: int, port: int, kubeconfig_out: Path, gpus_per_node: int, pools: 
     from chaos.sim.podresources_server import SOCKET_NAME, PodResourcesServers
     from remediator.errors import PermanentError
 
-    state = seed_cluster(nodes, gpus_per_node=gpus_per_node, pools=pools)
+    if gpu_pods_per_node is not None and gpus_per_node % gpu_pods_per_node:
+        raise click.BadParameter(f"{gpu_pods_per_node} does not divide --gpus-per-node {gpus_per_node}",
+                                 param_hint="--gpu-pods-per-node")
+    state = seed_cluster(nodes, gpus_per_node=gpus_per_node, pools=pools, gpu_allocation=gpu_allocation,
+                         gpu_pods_per_node=gpu_pods_per_node)
     gpu_root = gpu_state or kubeconfig_out.resolve().parent / "gpu-nodes"
     gpu_nodes = {n: SimGpuNode(gpu_root / n / "sim", name=n, gpus=gpus_per_node) for n in state.node_names()}
     mirror_pods(state, gpu_nodes)
@@ -75,7 +86,7 @@ def sim(nodes: int, port: int, kubeconfig_out: Path, gpus_per_node: int, pools: 
                        f"{gpu_root / 'gpu-node-0'})", err=True)
             if as_json:
                 click.echo(json.dumps({"url": server.url, "kubeconfig": str(path), "nodes": nodes,
-                                       "gpu_state": str(gpu_root)}))
+                                       "gpu_state": str(gpu_root), "gpu_allocation": gpu_allocation}))
             sys.stdout.flush()
             while not stop.wait(0.5):
                 pass

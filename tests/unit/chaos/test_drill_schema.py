@@ -16,8 +16,10 @@ from chaos.schema import ActionSpec, FaultSpec
 
 SHIPPED = {
     "alertmanager-replays", "kube-api-flaky", "manual-uncordon-cancels", "nats-outage-during-burst",
-    "opt-out-node", "per-gpu-isolation", "service-crash-mid-drain", "xid79-storm-breaker",
-    "replica-loss", "nats-server-loss", "hostile-client",
+    "opt-out-node", "per-gpu-isolation", "per-gpu-isolation-dra", "per-gpu-isolation-device-plugin",
+    "service-crash-mid-drain", "xid79-storm-breaker",
+    "replica-loss", "nats-server-loss", "hostile-client", "memory-leak-trend",
+    "gpu-reset-operands", "reset-blocked-by-operand", "reset-fails", "reboot-without-proof",
 }
 
 BASE: dict[str, Any] = {
