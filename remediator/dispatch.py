@@ -51,6 +51,7 @@ from remediator.bus import PermanentError, dead_letter_publisher, settle
 from remediator.contracts import Decision, FaultEvent, resolve_job, utcnow
 from remediator.identity import reports
 from remediator.settings import Settings
+from remediator.signing import verify_document
 from remediator.state import StateConflict, StateStore
 from remediator.subjects import (
     STATE_BUCKET,
@@ -294,7 +295,7 @@ class Dispatcher:
             if len(parts) != 3 or parts[:2] != ["faults", "agent"]:
                 raise reports.ReportRefused("subject_mismatch", f"a refusal report on {msg.subject}: only an "
                                                                 "agent's own faults.agent.<node> carries one")
-            report = reports.verify(msg.data, await self._agent_keys.key(node, fresh=True))
+            report = reports.verify(msg.data, await self._agent_keys.key(node, fresh=True), verify_document)
             if report.node != node:
                 raise reports.ReportRefused("subject_mismatch", f"refusal report for node {report.node} on "
                                                                 f"{msg.subject}: an agent speaks only for its own node")

@@ -15,12 +15,11 @@ audit trail a few records per interval, never one per command.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from remediator.signing import Signer, verify_document
 
 REPORT_HEADER = "Remediator-Report"
 REFUSALS_KIND = "command-refusals"
@@ -57,7 +56,13 @@ class CommandRefusalReport(BaseModel):
     sig: str | None = None
 
 
-def build(signer: Signer, *, report_id: str, node: str, since: datetime, until: datetime,
+class DocumentSigner(Protocol):
+    """What signs a report: ``remediator.signing.Signer`` (identity sits beside signing, never above it)."""
+
+    def sign_document(self, doc: Mapping[str, Any], *, signer_field: str = "signer") -> dict[str, Any]: ...
+
+
+def build(signer: DocumentSigner, *, report_id: str, node: str, since: datetime, until: datetime,
           refusals: dict[str, RefusedCommands]) -> bytes:
     """The report as sent: signed by ``signer`` (the exact bytes signed)."""
     body = json.loads(CommandRefusalReport(id=report_id, node=node, since=since, until=until,
@@ -73,9 +78,11 @@ class ReportRefused(ValueError):
         self.code = code
 
 
-def verify(data: bytes, agent_key: str | None) -> CommandRefusalReport:
-    """The report in ``data`` when ``agent_key`` (the node's announced key) signed it; else
-    ``ReportRefused``. The caller checks the subject against ``report.node``."""
+def verify(data: bytes, agent_key: str | None,
+           verify_document: Callable[[Mapping[str, Any]], bool]) -> CommandRefusalReport:
+    """The report in ``data`` when ``agent_key`` (the node's announced key) signed it, checked with
+    ``verify_document`` (``remediator.signing.verify_document``); else ``ReportRefused``. The caller checks
+    the subject against ``report.node``."""
     if len(data) > MAX_REPORT_BYTES:
         raise ReportRefused("malformed_report", f"refusal report of {len(data)} bytes is over the limit")
     try:
