@@ -4,7 +4,9 @@ Where it sits: a thin CLI over the drill catalog (``chaos.catalog``) and runner 
 imported only when a drill command runs, so the service's path never loads the chaos package. ``run`` takes
 shipped drills by name (``--all``: every one of ``chaos/drills/*.yaml``) or any drill file by its path
 (``chaos/demo.yaml``, the demo's, is not among the shipped ones). Each drill starts its own embedded NATS,
-simulated cluster, agents and service, plays its timeline and judges its expectations. Progress and each
+simulated cluster, agents and service, plays its timeline and judges its expectations; with
+``--kubeconfig FILE`` it runs against that cluster instead (``chaos.remote``: faults as Alertmanager
+payloads, checks through the Kubernetes API, confirmed nodes only, simulator-only drills refused). Progress and each
 expectation's verdict go to standard error; with ``--json`` standard output is exactly one document
 ``{"passed", "drills": [{"name", "passed", "seconds", "expectations": [{"what", "passed", "detail"}]}]}``.
 Exit 0 only when every drill passed; 2 for an unknown or invalid drill.
@@ -16,12 +18,17 @@ import asyncio
 import json
 import logging
 import sys
+import tempfile
+from pathlib import Path
+from typing import Any
 
 import click
 
 _SIMULATED_ONLY = ("Drills run against the built-in simulated cluster (embedded NATS, a simulated Kubernetes "
-                   "API and GPU nodes, real agents and service). Running them against a real cluster with "
-                   "--kubeconfig (DESIGN.md §11) is not implemented.")
+                   "API and GPU nodes, real agents and service), or with --kubeconfig FILE against the cluster it "
+                   "names: faults as Alertmanager payloads to the drill's own service, checks through the "
+                   "Kubernetes API, on nodes labelled gpu-remediator.io/drills=allowed only; drills that need the "
+                   "simulator's internals are refused.")
 
 
 @click.group(help=f"Chaos drills: faults plus broken machinery, with expected outcomes. {_SIMULATED_ONLY}")
@@ -55,7 +62,10 @@ def list_cmd(as_json: bool) -> None:
 @click.argument("names", nargs=-1)
 @click.option("--all", "run_all", is_flag=True, help="Run every shipped drill.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON document on stdout.")
-def run_cmd(names: tuple[str, ...], run_all: bool, as_json: bool) -> None:
+@click.option("--kubeconfig", default=None, type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="Run against the cluster this kubeconfig names (its drill nodes must be labelled "
+                   "gpu-remediator.io/drills=allowed) instead of the simulated one.")
+def run_cmd(names: tuple[str, ...], run_all: bool, as_json: bool, kubeconfig: Path | None) -> None:
     from chaos import catalog as drills
     from chaos.runner import run_drill
 
@@ -72,10 +82,19 @@ def run_cmd(names: tuple[str, ...], run_all: bool, as_json: bool) -> None:
     def progress(msg: str) -> None:
         click.echo(f"  {msg}", err=True)
 
+    if kubeconfig is not None:
+        from chaos.remote import refusals
+
+        refused = [(d.name, why) for d in chosen for why in refusals(d)]
+        if refused:
+            for name, why in refused:
+                click.echo(f"error: drill {name} cannot run against a real cluster: {why}", err=True)
+            sys.exit(2)
     reports = []
     for d in chosen:
         click.echo(f"== drill {d.name}: {drills.describe(d)}", err=True)
-        report = asyncio.run(run_drill(d, progress))
+        report = (_run_remote(d, kubeconfig, progress) if kubeconfig is not None
+                  else asyncio.run(run_drill(d, progress)))
         reports.append(report)
         click.echo(f"[{'PASS' if report.passed else 'FAIL'}] {d.name} in {report.seconds:.1f}s", err=True)
         for v in report.expectations:
@@ -93,3 +112,16 @@ def run_cmd(names: tuple[str, ...], run_all: bool, as_json: bool) -> None:
     if as_json:
         sys.stdout.write(json.dumps({"passed": passed, "drills": [r.to_json() for r in reports]}, indent=2) + "\n")
     sys.exit(0 if passed else 1)
+
+
+def _run_remote(d: Any, kubeconfig: Path, progress: Any) -> Any:
+    """One drill against the cluster of ``kubeconfig`` (``chaos.remote``); a refusal is exit 2, one line each."""
+    from chaos.remote import DrillRefused, run_remote
+
+    with tempfile.TemporaryDirectory(prefix="remediator-drill-") as root:
+        try:
+            return asyncio.run(run_remote(d, kubeconfig, progress, Path(root)))
+        except DrillRefused as e:
+            for why in e.reasons:
+                click.echo(f"error: drill {d.name}: {why}", err=True)
+            sys.exit(2)
