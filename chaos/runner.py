@@ -8,8 +8,8 @@ plays the timeline in order — injecting faults and taking chaos actions (``cha
 playbook step where an entry says ``when`` —, follows every fault to rest through the audit trail
 (``chaos.follow``), and judges the fault checks and the drill's expectations (``chaos.expectations``).
 It returns a ``DrillReport``: one verdict per expectation (and per timeline action), passed only when all
-pass. Drills run against the simulated cluster only; ``--kubeconfig`` against a real cluster is not
-implemented.
+pass. This runner builds the simulated world; ``remediator drill run --kubeconfig`` runs the drills that fit
+a real cluster through ``chaos.remote`` instead.
 """
 
 from __future__ import annotations
