@@ -18,7 +18,8 @@ As the kubelet (``pkg/kubelet/apis/podresources``) does, and no kinder:
 - a token bucket (100 per second, burst 10, the kubelet's defaults) rejects calls over the limit with
   RESOURCE_EXHAUSTED "rejected by rate limit".
 
-Cheap enough for the demo's 8 nodes: one gRPC server per socket (a unix socket's server cannot tell which path
+Cheap enough for the demo's 8 nodes: grpc is loaded on the first ``start`` (importing this module costs
+nothing), one gRPC server per socket (a unix socket's server cannot tell which path
 a call came in on), all on one small shared thread pool. Socket paths over the 107-byte limit of a unix socket
 address are refused with the fix named (``remediator.adapters.podresources.check_socket_path``).
 """
@@ -35,16 +36,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
-# gRPC's C core logs connection events (a kubelet restarting: "Got goaway") on stderr at INFO unless told
-# otherwise; the agent's log stays one line per problem. An operator's GRPC_VERBOSITY still wins.
-os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-
-import grpc  # after its verbosity is set
 from google.protobuf import json_format
 
 from chaos.sim.resources import GPU_RESOURCE, Obj, is_terminal
 from remediator.adapters import podresources_api as api
-from remediator.adapters.podresources import check_socket_path
+from remediator.adapters.podresources import check_socket_path, load_grpc
 
 __all__ = ["KUBELET_BURST", "KUBELET_QPS", "SOCKET_NAME", "PodResourcesServer", "PodResourcesServers",
            "node_pod_resources"]
@@ -131,7 +127,7 @@ class PodResourcesServer:
         self.calls += 1
         if not self._bucket.take():
             self.rejected += 1
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "rejected by rate limit")
+            context.abort(load_grpc().StatusCode.RESOURCE_EXHAUSTED, "rejected by rate limit")
 
     def _list(self, request: Any, context: Any) -> Any:
         self._limited(context)
@@ -140,11 +136,11 @@ class PodResourcesServer:
     def _get(self, request: Any, context: Any) -> Any:
         self._limited(context)
         if not self.get_enabled:
-            context.abort(grpc.StatusCode.UNKNOWN, "PodResources API Get method disabled")
+            context.abort(load_grpc().StatusCode.UNKNOWN, "PodResources API Get method disabled")
         for pod in self.pods():
             if pod["name"] == request.pod_name and pod["namespace"] == request.pod_namespace:
                 return json_format.ParseDict({"pod_resources": pod}, api.message("GetPodResourcesResponse")())
-        context.abort(grpc.StatusCode.UNKNOWN,
+        context.abort(load_grpc().StatusCode.UNKNOWN,
                       f"pod {request.pod_name} in namespace {request.pod_namespace} not found")
 
     def _allocatable(self, request: Any, context: Any) -> Any:
@@ -157,6 +153,7 @@ class PodResourcesServer:
 
     def start(self) -> PodResourcesServer:
         """Bind the socket (replacing a stale one) and serve."""
+        grpc = load_grpc()
         handlers = {}
         for rpc, fn in (("List", self._list), ("Get", self._get), ("GetAllocatableResources", self._allocatable)):
             req, resp = api.METHODS[rpc]

@@ -29,12 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# gRPC's C core logs connection events (a kubelet restarting: "Got goaway") on stderr at INFO unless told
-# otherwise; the agent's log stays one line per problem. An operator's GRPC_VERBOSITY still wins.
-os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-
-import grpc  # after its verbosity is set
-
 from remediator.adapters import podresources_api as api
 from remediator.errors import PermanentError, TemporaryError
 
@@ -50,6 +44,7 @@ __all__ = [
     "PodResourcesClient",
     "check_socket_path",
     "from_message",
+    "load_grpc",
 ]
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -124,6 +119,16 @@ def check_socket_path(path: str | os.PathLike[str]) -> str:
     return text
 
 
+def load_grpc() -> Any:
+    """The ``grpc`` module, imported on first use (about 18 MB resident: an agent without a socket, and every
+    module that only names these types, never pays for it). gRPC's C core logs connection events (a kubelet
+    restarting: "Got goaway") on stderr at INFO unless told otherwise; an operator's GRPC_VERBOSITY wins."""
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    import grpc
+
+    return grpc
+
+
 class PodResourcesClient:
     """Blocking client of one kubelet's PodResources socket; thread-safe (one channel, opened on first use).
 
@@ -181,7 +186,7 @@ class PodResourcesClient:
     def _stub(self, rpc: str) -> Any:
         with self._lock:
             if self._channel is None:
-                self._channel = grpc.insecure_channel(f"unix:{self.socket_path}", options=[
+                self._channel = load_grpc().insecure_channel(f"unix:{self.socket_path}", options=[
                     ("grpc.max_receive_message_length", self.max_receive_bytes),
                     ("grpc.max_send_message_length", 64 * 1024),
                     ("grpc.enable_http_proxy", 0),
@@ -201,7 +206,7 @@ class PodResourcesClient:
         for attempt in range(1, RATE_LIMIT_TRIES + 1):
             try:
                 return self._stub(rpc)(request, timeout=self.timeout_s)
-            except grpc.RpcError as e:
+            except load_grpc().RpcError as e:
                 error = self._error(rpc, e, not_found_ok)
                 if attempt == RATE_LIMIT_TRIES or not isinstance(error, _RateLimited):
                     raise error from None
@@ -209,6 +214,7 @@ class PodResourcesClient:
         raise AssertionError("unreachable")
 
     def _error(self, rpc: str, e: Any, not_found_ok: bool) -> Exception:
+        grpc = load_grpc()
         code = e.code() if hasattr(e, "code") else None
         details = (e.details() if hasattr(e, "details") else "") or ""
         where = f"kubelet pod-resources socket {self.socket_path}"
