@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from handlers.rules import RuleSet
 from handlers.signatures.nccl import classify_nccl, is_old_nccl_warn
 from handlers.signatures.prefilter import BlockLines, Prefilter, line_offsets, prefilter, skeleton, skeleton_anchor
+from handlers.signatures.sched import classify_scheduler
 
 __all__ = [
     "ANCHORS",
@@ -76,6 +77,11 @@ ANCHORS: tuple[str, ...] = (
     # device-side assertion lines, DCGM host-engine health watches and dcgmi diag result rows.
     "devicehandlefor", "resourceexhausted", "cublasstatus", "cudnnstatus", "threadassertion", "healthsystem",
     "failgpu",
+    # NCCL releases before the tag ("[0] misc/ibvwrap.cc:252 WARN ..."): a C/C++/CUDA source file, then WARN;
+    # an IB completion error quoted without NCCL's prefix; dcgmi diag's "| Error | GPU 3 has uncorrectable memory
+    # errors ..." rows; Slurm's "gres/gpu count reported lower than configured".
+    "cwarn", "cuwarn", "hwarn", "gotcompletionfrompeer", "uncorrectablememory", "gresgpucountreportedlower",
+    "exitswithreturncode",  # DeepSpeed's launcher: a rank's process "exits with return code = -9"
 )
 _BANCHORS = tuple(a.encode() for a in ANCHORS)
 
@@ -83,10 +89,11 @@ _KERNEL = ("xid", "nvrm", "lost", "off the bus", "eventdata", "heartbeat", "unhe
 _CUDA = ("cuda", "out of memory", "oom when allocating", "resource exhausted", "resource_exhausted",
          "resourceexhausted", "cublas", "cudnn", "assertion")
 _DCGM_TOOL = ("health system", "fail - ", "uncorrectable memory")
-_NCCL_FIRST = ("nccl warn", "nccl error in", "nccl operation", "ncclunhandledcudaerror", "ncclsystemerror",
-               "ncclinternalerror", "ncclremoteerror", "ncclinvalid", "test nccl failure")
+_NCCL_FIRST = ("nccl warn", "nccl error in", "nccl operation", "rccl operation", "ncclunhandledcudaerror",
+               "ncclsystemerror", "ncclinternalerror", "ncclremoteerror", "ncclinvalid", "test nccl failure")
+# plain lower-case substrings: a superset of the anchors above
 _NCCL = ("nccl", "watchdog", "heartbeat", "desync", "exitcode", "childfailed", "socket",
-         "entire process down")  # plain lower-case substrings: a superset of the anchors above
+         "entire process down", "completion from peer", "exits with return code")
 
 # The anchors as one regex, for callers that want a pattern (``re.compile(PREFILTER.pattern.encode(), re.I)``
 # works on bytes): it matches wherever ``has_anchor`` is true (between an anchor's letters it allows whatever
@@ -170,7 +177,11 @@ def _classify(text: str, low: str) -> Signal | None:
         if sig is not None:
             return sig
     if any(a in low for a in _NCCL):
-        return classify_nccl(text)
+        sig = classify_nccl(text)
+        if sig is not None:
+            return sig
+    if "count reported lower" in low:
+        return classify_scheduler(text)
     return None
 
 

@@ -99,11 +99,15 @@ _OFI_RE = re.compile(r"net/ofi.*?\brc\s*:\s*(?P<rc>-?\d+).*?error\s*:\s*(?:(?P<e
 _OFI_REQ_RE = re.compile(r"net/ofi\s+request\s+(?:0x[0-9a-f]+\s+)?completed\s+with\s+error", re.IGNORECASE)
 # XLA/JAX: "NCCL operation ncclCommInitRank(&comm, nranks, id, rank) failed: unhandled cuda error (run with
 # NCCL_DEBUG=INFO for details). Last NCCL warning(error) log entry (may be unrelated) 'Cuda failure 2 'out of memory''."
-_XLA_OP_RE = re.compile(r"nccl\s+operation\s+(?P<op>nccl\w+)\s*\((?P<args>[^)]*)\)\s+failed\s*:\s*(?P<why>[^.;(\n]+)"
+_XLA_OP_RE = re.compile(r"[nr]ccl\s+operation\s+(?P<op>nccl\w+)\s*\((?P<args>[^)]*)\)\s+failed\s*:\s*(?P<why>[^.;(\n]+)"
                         r"(?:.*?last\s+nccl\s+warning\(error\)\s+log\s+entry[^']*'(?P<last>.*?)'\.?(?:;|$))?",
                         re.IGNORECASE | re.DOTALL)
+# A framework naming the NCCL call that failed with NCCL's own result text (Horovod: "ncclGroupEnd failed: invalid
+# usage"); only the result texts of ``_RESULT_TEXT`` count, so a call that "failed" for another reason is not one.
+_NCCL_CALL_FAILED_RE = re.compile(r"\b(?P<op>nccl[A-Z]\w*)(?:\([^)]*\))?\s+failed\s*:\s*(?P<why>[^.;(\n]+)")
 # NCCL releases before the "NCCL" tag in their prefix: "host:pid:tid [dev] file.cc:NN WARN <message>".
-_OLD_WARN_RE = re.compile(r"(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+)\s+\[(?P<dev>\d+)\]\s+"
+# The host:pid:tid part is optional: NCCL 2.0 users' pastes keep only "<host> [dev] file:line WARN" (nccl#111).
+_OLD_WARN_RE = re.compile(r"(?:(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+)\s+)?(?:^|(?<=\s))\[(?P<dev>\d+)\]\s+"
                           r"(?P<src>[\w./]+\.(?:cc|cu|h|c):\d+)\s+WARN\s+(?P<msg>.+)")
 _NCCL_ERR_IN_RE = re.compile(r"nccl\s+error\s+in\s*:\s*(?P<where>[^,]+),\s*(?P<what>[^\n]*?)(?:,\s*nccl\s+version\s+"
                              r"(?P<ver>[\d.]+\S*))?\s*$", re.IGNORECASE | re.MULTILINE)
@@ -120,7 +124,7 @@ _ELASTIC_FAILED_RE = re.compile(
 
 
 def is_old_nccl_warn(text: str) -> bool:
-    """True for a WARN line of an NCCL release that printed no ``NCCL`` tag (host:pid:tid [dev] file:line WARN)."""
+    """True for a WARN line of an NCCL release that printed no ``NCCL`` tag ([host:pid:tid] [dev] file:line WARN)."""
     return " WARN " in text and _OLD_WARN_RE.search(text) is not None
 
 
@@ -135,7 +139,7 @@ def classify_nccl(text: str) -> Signal | None:
         if sig is not None:
             return Signal(kind=sig.kind, code=sig.code, detail=freeze({**sig.detail, "nccl_tag": False}))
         return None
-    if "exitcode" in low or "childfailederror" in low:
+    if "exitcode" in low or "childfailederror" in low or "exits with return code" in low:
         sig = _elastic(text, low)
         if sig is not None:
             return sig
@@ -145,6 +149,8 @@ def classify_nccl(text: str) -> Signal | None:
         if sig is not None:
             return sig
     if "nccl" in low or "proxy service" in low:
+        return _nccl_error(text, low)
+    if "got completion from peer" in low:  # an IB completion error quoted without NCCL's prefix ("NET/IBP:Got ...")
         return _nccl_error(text, low)
     if "socket" in low and _NCCL_SOCKET_FN_RE.search(text):  # NCCL's "Last error:" line, e.g. "socketStartConnect: ..."
         return _nccl_error(text, low)
@@ -235,7 +241,7 @@ def _nccl_error(text: str, low: str) -> Signal | None:
     warn = "nccl warn" in low
     if not warn and "nccl info" in low:
         return None  # INFO chatter, including the "-> <rc>" return-code trace lines
-    if "nccl operation" in low:
+    if "ccl operation" in low:  # XLA's "NCCL operation ...", and "RCCL operation ..." in its ROCm build
         x = _XLA_OP_RE.search(text)
         if x is not None:
             why = x.group("why").strip()
@@ -243,6 +249,13 @@ def _nccl_error(text: str, low: str) -> Signal | None:
             return Signal(kind="nccl_error", code=result, detail=freeze({
                 "reporter": "xla", "operation": x.group("op"), "reason": why[:256],
                 "last_nccl_warning": (x.group("last") or "")[:256] or None, "nccl_result": NCCL_RESULTS.get(result)}))
+    if " failed" in low and not warn:
+        c = _NCCL_CALL_FAILED_RE.search(text)
+        called = None if c is None else next((n for frag, n in _RESULT_TEXT if frag in c.group("why").lower()), None)
+        if c is not None and called is not None:
+            return Signal(kind="nccl_error", code=called, detail=freeze({
+                "operation": c.group("op"), "reason": c.group("why").strip()[:256],
+                "nccl_result": NCCL_RESULTS.get(called)}))
     if "segfault at" in low and "libnccl" in low:  # kernel: "pt_main_thread[..]: segfault at .. in libnccl.so.2[..]"
         return Signal(kind="nccl_error", code="segfault", detail=freeze({"message": text.strip()[:256]}))
     if warn:
@@ -328,7 +341,26 @@ def _nccl_error(text: str, low: str) -> Signal | None:
     return Signal(kind="nccl_error", code=code or "nccl_error", detail=freeze(detail))
 
 
+# DeepSpeed's launcher (deepspeed/launcher/launch.py sigkill_handler) when a rank's process died:
+# "[ERROR] [launch.py:321:sigkill_handler] ['/usr/bin/python3', '-u', 'main.py', '--local_rank=1', ...] exits with
+# return code = -9".
+_DS_EXIT_RE = re.compile(r"sigkill_handler\].*?(?:--local_rank=(?P<lr>\d+).*?)?\bexits\s+with\s+return\s+code\s*=\s*"
+                         r"(?P<code>-?\d+)", re.IGNORECASE | re.DOTALL)
+
+
+def _deepspeed_exit(text: str) -> Signal | None:
+    m = _DS_EXIT_RE.search(text)
+    if m is None or int(m.group("code")) == 0:
+        return None
+    code = int(m.group("code"))
+    sig = _SIGNALS.get(-code) if code < 0 else None
+    return Signal(kind="job_failure", code=sig or f"exitcode_{code}", detail=freeze({
+        "reporter": "deepspeed.launcher", "exitcode": code, "signal": sig, "local_rank": to_int(m.group("lr"))}))
+
+
 def _elastic(text: str, low: str) -> Signal | None:
+    if "exits with return code" in low:
+        return _deepspeed_exit(text)
     m = _ELASTIC_FAILED_RE.search(text)
     detail: dict[str, object] = {}
     exit_code: int | None = None
