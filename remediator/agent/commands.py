@@ -73,6 +73,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from pydantic import ValidationError
 
+from remediator.agent.holders import with_process_uids
 from remediator.agent.host import (
     GpuBackend,
     GpuControl,
@@ -323,12 +324,25 @@ class CommandResponder:
         batch = getattr(source, "holder_map", None)
         if batch is not None:
             found = await asyncio.to_thread(batch, [s.identity for s in snaps])
-            return [None] * len(snaps) if found is None else [[h.to_dict() for h in found.of(s.identity)]
-                                                                for s in snaps]
+            if found is None:
+                return [None] * len(snaps)
+            if any(h.uid is None for hs in found.holders.values() for h in hs):
+                found = with_process_uids(found, await asyncio.to_thread(self._process_pod_uids, snaps))
+            return [[h.to_dict() for h in found.of(s.identity)] for s in snaps]
         out: list[list[dict[str, Any]] | None] = []
         for s in snaps:
             one = await asyncio.to_thread(source.gpu_holders, s.identity)
             out.append(None if one is None else [h.to_dict() for h in one])
+        return out
+
+    def _process_pod_uids(self, snaps: list[GpuSnapshot]) -> dict[str, set[str]]:
+        """GPU key -> the pod UIDs (from their cgroups) of the compute processes NVML lists on it."""
+        out: dict[str, set[str]] = {}
+        if self.pods is None:
+            return out
+        for snap in snaps:
+            uids = {self.pods.pid_info(p.pid).pod_uid for p in (snap.processes or ())[:64]}
+            out[snap.identity.key] = {u for u in uids if u}
         return out
 
     async def _holders(self, snap: GpuSnapshot) -> list[dict[str, Any]] | None:

@@ -26,8 +26,10 @@ The UID: the PodResources API names pods by namespace and name only. The kubelet
 logs under ``/var/log/pods/<namespace>_<name>_<uid>/`` (names and namespaces never contain ``_``) and each pod's
 data under ``/var/lib/kubelet/pods/<uid>/``; the UID is the one of the log directories for that namespace and
 name whose UID the kubelet still runs. Where no such directory exists yet (a pod whose sandbox is not created)
-or two pods of the same name still run (a replacement during a graceful stop), ``uid`` is None and the service
-evicts by name, after reading the pod as it is then.
+or two pods of the same name still run (a replacement during a graceful stop), NVML's process list stands in
+(``with_process_uids``): when the kubelet names exactly one pod on a GPU and every compute process NVML lists
+on it is in one pod's cgroup, that pod UID is the holder's. Otherwise ``uid`` is None and the service evicts
+by name, after reading the pod as it is then.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -55,6 +57,7 @@ __all__ = [
     "device_plugin_gpu",
     "dra_gpu_minor",
     "join",
+    "with_process_uids",
 ]
 
 log = logging.getLogger(__name__)
@@ -146,6 +149,27 @@ def join(pods: Sequence[PodAllocation], gpus: Sequence[GpuIdentity], *,
             for g in dict.fromkeys(found):  # a GPU once per container, however many replicas it got
                 holders.setdefault(g.key, []).append(holder)
     return HolderMap({k: tuple(v) for k, v in holders.items()}, tuple(sorted(set(unknown))), len(pods))
+
+
+def with_process_uids(found: HolderMap, process_uids: Mapping[str, set[str]]) -> HolderMap:
+    """``found`` with the UID of a holder the directories could not name taken from NVML's processes: for a GPU
+    (by key) that the kubelet gave to exactly one pod, whose compute processes are all in one pod's cgroup
+    (``process_uids``: GPU key -> the pod UIDs of its processes), and only where that UID names no other pod."""
+    named = {h.uid: (h.namespace, h.name) for hs in found.holders.values() for h in hs if h.uid}
+    fill: dict[tuple[str, str], str] = {}
+    for key, holders in found.holders.items():
+        pods = {(h.namespace, h.name) for h in holders}
+        uids = process_uids.get(key, set())
+        if len(pods) == 1 and len(uids) == 1 and all(h.uid is None for h in holders):
+            (uid,) = uids
+            (pod,) = pods
+            if named.get(uid, pod) == pod and fill.get(pod, uid) == uid:
+                fill[pod] = uid
+    if not fill:
+        return found
+    filled = {k: tuple(replace(h, uid=fill.get((h.namespace, h.name), h.uid)) if h.uid is None else h for h in hs)
+              for k, hs in found.holders.items()}
+    return HolderMap(filled, found.unknown, found.pods)
 
 
 class PodUids:

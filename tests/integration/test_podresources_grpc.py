@@ -154,3 +154,25 @@ def test_dra_claims_of_the_simulated_cluster_name_their_holders(tmp_path: Path, 
     alloc = cluster.gpu_allocation("gpu-node-0")
     assert {i: [(h.name, h.uid) for h in found.of(sim.identity(i))] for i in range(8)} == {
         i: [(h.name, h.uid) for h in alloc.get(i, [])] for i in range(8)}
+
+
+async def test_without_the_pod_log_directories_the_processes_cgroups_give_the_uid(tmp_path: Path,
+                                                                                  sockets: Path) -> None:
+    from remediator.agent.commands import CommandResponder
+    from remediator.agent.state import StateStore
+    from remediator.contracts import AgentCommand
+
+    cluster = seed_cluster(1, gpus_per_pod=4)
+    sim = SimGpuNode(tmp_path / "gpu-node-0", name="gpu-node-0", gpus=8)
+    mirror_pods(cluster, {"gpu-node-0": sim})  # the training pods' processes, each in its pod's cgroup
+    with PodResourcesServers(cluster, {"gpu-node-0": sim}) as servers:
+        servers.serve("gpu-node-0", sockets / "n.sock")
+        view = KubeletHolders(PodResourcesClient(sockets / "n.sock"), lambda: [sim.identity(i) for i in range(8)],
+                              uids=PodUids(tmp_path / "no-var-log-pods", sim.kubelet_pods_dir))
+        responder = CommandResponder(node="gpu-node-0", gpus=sim, host=sim, pods=sim,
+                                     state=StateStore(tmp_path / "agent"), pod_resources=view)
+        reply = await responder.handle(AgentCommand(id="s", verb="status"))
+    alloc = cluster.gpu_allocation("gpu-node-0")
+    assert reply.after["holders_known"] is True and alloc
+    for g in reply.after["gpus"]:
+        assert [(h["name"], h["uid"]) for h in g["holders"]] == [(h.name, h.uid) for h in alloc.get(g["index"], [])]

@@ -194,3 +194,23 @@ def test_pod_uids_from_the_kubelets_directories(tmp_path: Path) -> None:
     assert (lookup("train", "a"), lookup("train", "b"), lookup("train", "c"), lookup("train", "z")) == (
         "u-a", "u-b", None, None)
     assert PodUids(tmp_path / "missing", kubelet).table()("train", "a") is None
+
+
+def test_process_cgroups_name_a_uid_the_directories_could_not() -> None:
+    from remediator.agent.holders import with_process_uids
+
+    pods = [pod("solo", ContainerAllocation("trainer", plugin(str(GPUS[0].uuid), str(GPUS[1].uuid)))),
+            pod("shared-a", ContainerAllocation("a", plugin(f"{GPUS[2].uuid}::0"))),
+            pod("shared-b", ContainerAllocation("b", plugin(f"{GPUS[2].uuid}::1"))),
+            pod("known", ContainerAllocation("k", plugin(str(GPUS[3].uuid))))]
+    found = join(pods, GPUS, uid=lambda ns, name: "uid-known" if name == "known" else None)
+    filled = with_process_uids(found, {
+        GPUS[0].key: {"uid-solo"}, GPUS[1].key: {"uid-solo"},     # one pod, its processes in one cgroup
+        GPUS[2].key: {"uid-x"},                                   # two pods share the GPU: cannot tell which
+        GPUS[3].key: {"uid-other"}})                              # already known: never overwritten
+    assert {h.uid for h in filled.of(GPUS[0]) + filled.of(GPUS[1])} == {"uid-solo"}
+    assert [h.uid for h in filled.of(GPUS[2])] == [None, None]
+    assert [h.uid for h in filled.of(GPUS[3])] == ["uid-known"]
+    # processes of two pods on one GPU, or a UID another holder already has: nothing is filled
+    assert with_process_uids(found, {GPUS[0].key: {"u1", "u2"}}).of(GPUS[0])[0].uid is None
+    assert with_process_uids(found, {GPUS[0].key: {"uid-known"}}).of(GPUS[0])[0].uid is None
