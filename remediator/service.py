@@ -45,7 +45,7 @@ from remediator.audit_api import routes as audit_api
 from remediator.audit_api.reader import AuditReader
 from remediator.contracts import utcnow
 from remediator.dispatch import Dispatcher
-from remediator.errors import SetupError
+from remediator.errors import RemediatorError, SetupError
 from remediator.executor import Executor
 from remediator.identity import http as identity_http
 from remediator.ingest.app import create_app
@@ -74,6 +74,13 @@ class _EmbeddedServer(uvicorn.Server):
 def configured_registry(settings: Settings) -> HandlerRegistry:
     """The handler registry ``settings`` ask for: every family bound to the policy of its thresholds."""
     return build_registry(HandlerPolicies.from_settings(settings.handlers_view()))
+
+
+async def _detect_gpu_allocation(kube: AsyncKube) -> None:
+    try:
+        log.info("GPU allocation: %s", await kube.gpu_allocation_mode())
+    except RemediatorError as e:
+        log.warning("GPU allocation not detected at start (%s); the first GPU withdrawal detects it", e)
 
 
 def _kube_port(settings: Settings) -> AsyncKube:
@@ -168,6 +175,12 @@ class Service:
                               checkpoint_every=s.audit_checkpoint_records,
                               checkpoint_interval_s=s.audit_checkpoint_interval_s)
         self.kube = _kube_port(s)
+        self.metrics.watch_limiter(self.kube.sync.limiter)  # /metrics: the client rate limit's queue per lane
+        # Nodes from a list-then-watch in memory; reads go to the API server until its first list is in.
+        await self.kube.start(wait_s=min(5.0, s.startup_timeout_s))
+        # How a withdrawn GPU is kept from the scheduler (REMEDIATOR_GPU_ALLOCATION: auto reads the cluster's
+        # DRA ResourceSlices once), found in the background so an API server slow at start delays nothing.
+        self._tasks.append(asyncio.create_task(_detect_gpu_allocation(self.kube), name="gpu-allocation"))
         hs = s.handlers_view()
         self.rules = RulesSource(hs.rules_file)
         try:

@@ -57,3 +57,19 @@ def test_a_cordoned_node_takes_only_pods_tolerating_the_unschedulable_taint() ->
     ok = state.create("pods", _pod("b", [{"key": "node.kubernetes.io/unschedulable", "operator": "Exists",
                                           "effect": "NoSchedule"}]))
     assert ok["spec"]["nodeName"] == "gpu-node-0"
+
+
+def test_a_daemonset_pod_comes_back_on_a_withdrawn_node_only_when_it_tolerates_the_taint() -> None:
+    state = seed_cluster(1, gpus_per_pod=2)
+    state.patch("nodes", "gpu-node-0", {"spec": {"taints": [T]}})
+
+    def daemon(ns: str) -> list[dict[str, Any]]:
+        return [p for p in state.pods_on("gpu-node-0") if p["metadata"]["namespace"] == ns]
+
+    (dcgm,) = daemon("gpu-operator")  # tolerates only nvidia.com/gpu:NoSchedule
+    (agent,) = daemon("gpu-remediator")  # tolerates everything
+    state.delete("pods", dcgm["metadata"]["name"], "gpu-operator")
+    state.delete("pods", agent["metadata"]["name"], "gpu-remediator")
+    assert daemon("gpu-operator") == []
+    (back,) = daemon("gpu-remediator")
+    assert back["metadata"]["uid"] != agent["metadata"]["uid"]
