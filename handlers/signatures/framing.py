@@ -11,7 +11,9 @@ no signal, and around a continuation row that did:
   "watchdog got stuck for 480 seconds", "Resource exhausted: Out " / "of memory while trying to allocate");
   up to three lines are joined, forwards from the anchored line and back to the line before it;
 * **table continuation rows** -- a row whose first cell is empty (``|      | Fail - GPU: 0 |``, ``dcgmi diag``)
-  belongs to the row above, which names the test; the rows are joined with their newline;
+  belongs to the row above, which names the test; a row that is a signal already takes the continuation rows
+  below it (``| Error | GPU 3 has uncorrectable memory errors and row |`` / ``|   |  remappings are pending |``),
+  unless one of them is a signal of its own; the rows are joined with their newline;
 * **words cut by a hard wrap** -- when a joined record gives nothing and the break falls inside a word
   ("watchd" / "og got stuck"), the lines are tried again without a separator. (The record is found when one
   of its lines holds an anchor; an anchor cut in two by the wrap is not looked for across the break, which
@@ -122,6 +124,13 @@ def frame(lines: Sequence[str], anchored: Sequence[int], parse: Parse,
                     consumed = i
                     yield i - 1, joined
                     continue
+            end = _table_tail(msg, i, n, anchored_set, alone)
+            if end > i:  # a table row whose cell goes on in the continuation rows below it
+                joined = parse(join([msg(k) for k in range(i, end + 1)]))
+                if joined is not None and joined.kind == sig.kind:
+                    consumed = end
+                    yield i, joined
+                    continue
             consumed = i
             yield i, sig
             continue
@@ -170,3 +179,19 @@ def _forward(lines: Sequence[str], msg: Callable[[int], str], i: int, n: int, sp
             return k, sig
         glue_empty = k in split
     return None
+
+
+def _table_tail(msg: Callable[[int], str], i: int, n: int, anchored: set[int],
+                alone: Callable[[int], Signal | None]) -> int:
+    """The last continuation row of the table row ``i`` (``i`` itself when it has none or is no table row).
+
+    A continuation row that is a signal of its own ("|   | Fail - GPU: 1 |") ends the record before it.
+    """
+    if not msg(i).lstrip().startswith("|"):
+        return i
+    end = i
+    for k in range(i + 1, min(n, i + MAX_LINES)):
+        if not is_table_continuation(msg(k)) or (k in anchored and alone(k) is not None):
+            break
+        end = k
+    return end

@@ -119,6 +119,25 @@ def test_line_is_judged_as_the_reference_says(line: str, expect: Expect, source:
         assert has_anchor(line), source
 
 
+# dcgmi diag's deployment section, the Error cell wrapped onto a continuation row (verbatim, the book's excerpt).
+DIAG_ERROR_TABLE = """\
++---------------------------+------------------------------------------------+
+| Diagnostic                | Result                                         |
++===========================+================================================+
+|-----  Deployment  --------+------------------------------------------------|
+| Error                     | GPU 3 has uncorrectable memory errors and row  |
+|                           |  remappings are pending                        |"""
+DIAG_ERROR_SOURCE = GH + "stas00/ml-engineering (compute/accelerator/nvidia/debug.md, repeated Xid 64)"
+
+
+def test_a_dcgmi_diag_error_row_takes_its_continuation_row() -> None:
+    found = list(LineScanner().scan_text(DIAG_ERROR_TABLE))
+    assert [(n, s.kind, s.gpu_index) for n, s in found] == [(5, "ecc", 3)], DIAG_ERROR_SOURCE
+    sig = found[0][1]
+    assert sig.playbook == "row-remap-pending" and str(sig.detail["message"]).endswith("row remappings are pending")
+    assert [(f.line, f.signal.kind) for f in classify_text(DIAG_ERROR_TABLE + "\n")] == [(5, "ecc")]
+
+
 def _sig(fragment: str) -> Any:
     sig = classify_line(next(line for line, _, _ in CASES if fragment in line))
     assert sig is not None, fragment
