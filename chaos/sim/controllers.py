@@ -283,9 +283,12 @@ class Controllers:
 
     def add_pod(self, pod: Obj, node: str | None) -> Obj:
         """Commit a new pod: bound to ``node`` (started by its kubelet) when given, else Pending for the
-        scheduler."""
+        scheduler; a template that names its node (``spec.nodeName``) is run by that node's kubelet, which
+        admits it (or fails it) as for a pod created bound."""
         if node is not None:
             pod = self.kubelets.start(pod, node)
+        elif (pod.get("spec") or {}).get("nodeName") and self.s.obj("nodes", "", pod["spec"]["nodeName"]):
+            pod = self.kubelets.admit(pod, pod["spec"]["nodeName"])
         return self.s.commit(BY_PLURAL["pods"], pod, "ADDED")
 
     def sync_daemon_pod(self, ns: str, ds_name: str, node_name: str) -> None:

@@ -269,13 +269,16 @@ class SubprocessHostRunner:
         limit = self.timeout_s if timeout_s is None else timeout_s
         shown = " ".join(argv)
         try:
+            # a session of its own: on a timeout the whole process group goes (nvidia-bug-report.sh forks)
             proc = await asyncio.create_subprocess_exec(
-                *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+                *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
         except OSError as e:
             return RunResult(False, f"{shown}: {e}")
         try:
             out, _ = await asyncio.wait_for(proc.communicate(), limit)
         except TimeoutError:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
