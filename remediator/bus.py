@@ -39,7 +39,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js import api as js_api
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
 from remediator import subjects
 from remediator.contracts import FaultEvent
@@ -67,6 +67,7 @@ __all__ = [
     "redact_url",
     "settle",
     "verify",
+    "verify_capture",
 ]
 
 DISPATCH_CONSUMER = "dispatch"
@@ -243,6 +244,36 @@ async def connect_within(url: str, timeout_s: float, name: str = "remediator", *
         because = f"{type(why).__name__}: {why}" if str(why) else type(why).__name__
         raise SetupError(f"cannot reach NATS at {redact_url(url)} within {timeout_s:g}s ({because}); "
                          "check --nats URL / REMEDIATOR_NATS_URL and that the servers are up") from e
+
+
+_IMPOSSIBLE_SEQUENCE = str(2**63 - 1)
+_WRONG_LAST_SEQUENCE = 10071  # JetStream's error code: the stream captured the subject, the expectation failed
+_WRONG_STREAM = 10060  # JetStream's error code: another stream captures the subject
+
+
+async def verify_capture(js: JetStreamContext, subject: str, stream: str, *,
+                         timeout: float = 5.0) -> str | None:  # noqa: ASYNC109
+    """Why ``stream`` would not store what is published on ``subject`` (one line naming the fix), or None
+    when it would. Checked without storing anything and with no right beyond publishing on ``subject`` (all
+    a node agent holds): a JetStream publish expecting ``stream`` and an impossible last subject sequence is
+    refused by the stream that captures the subject ("wrong last sequence": it is there) and answered by
+    nobody when no stream does."""
+    headers = {"Nats-Expected-Stream": stream, "Nats-Expected-Last-Subject-Sequence": _IMPOSSIBLE_SEQUENCE}
+    try:
+        await js.publish(subject, b"", timeout=timeout, headers=headers)
+    except APIError as e:
+        if e.err_code == _WRONG_LAST_SEQUENCE:
+            return None
+        if e.err_code == _WRONG_STREAM:
+            return f"{subject} is captured by another stream than {stream}; run `remediator bus init` on a bus " \
+                   "whose streams were declared by it"
+        return f"JetStream refused a check of {stream} for {subject}: {e.description or e}"
+    except (nats.errors.NoRespondersError, NoStreamResponseError):
+        return f"no stream captures {subject} (stream {stream} missing): run `remediator bus init`"
+    except nats.errors.TimeoutError:
+        return (f"no answer from JetStream for {subject} within {timeout:g}s: the stream {stream} is missing or "
+                "unavailable, or these credentials may not publish there")
+    return f"a check message on {subject} was stored by {stream}; its expectation headers were ignored"
 
 
 async def bus_ready(nc: NATS, js: JetStreamContext, *, timeout: float = 1.0) -> bool:  # noqa: ASYNC109
