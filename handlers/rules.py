@@ -127,8 +127,8 @@ class Match:
         """True when the match looks at what only an event knows (node, namespace, pool, labels, source)."""
         return any((self.source, self.node, self.namespace, self.node_pool, self.labels))
 
-    def of(self, kind: str, code: object, event: FaultEvent | None) -> bool:
-        """True when ``kind``/``code`` (and ``event``, where the match needs it) fit."""
+    def of(self, kind: str, code: object, event: FaultEvent | EventContext | None) -> bool:
+        """True when ``kind``/``code`` (and ``event``, or the context given for it, where the match needs it) fit."""
         if self.kind is not None and self.kind != kind:
             return False
         if self.code is not None and self.code != str(code):
@@ -137,19 +137,39 @@ class Match:
             return True
         if event is None:
             return False
-        if self.source is not None and self.source != event.source:
+        ctx = event if isinstance(event, EventContext) else EventContext.of(event)
+        if self.source is not None and self.source != ctx.source:
             return False
-        if self.node is not None and not fnmatchcase(event.node, self.node):
+        if self.node is not None and (ctx.node is None or not fnmatchcase(ctx.node, self.node)):
             return False
-        if self.namespace is not None:
-            ns = event.origin.namespace or event.labels.get("namespace")
-            if ns is None or not fnmatchcase(ns, self.namespace):
-                return False
-        if self.node_pool is not None:
-            pool = next((event.labels[k] for k in NODE_POOL_LABELS if event.labels.get(k)), None)
-            if pool is None or not fnmatchcase(pool, self.node_pool):
-                return False
-        return all(event.labels.get(k) == v for k, v in self.labels.items())
+        if self.namespace is not None and (ctx.namespace is None or not fnmatchcase(ctx.namespace, self.namespace)):
+            return False
+        if self.node_pool is not None and (ctx.node_pool is None or not fnmatchcase(ctx.node_pool, self.node_pool)):
+            return False
+        return all(ctx.labels.get(k) == v for k, v in self.labels.items())
+
+
+@dataclass(frozen=True)
+class EventContext:
+    """What an override may look at beyond kind and code: where the event came from.
+
+    Built from a ``FaultEvent`` in dispatch (``EventContext.of``); ``remediator classify --node/--namespace/--pool``
+    builds one from its flags (or from a kubelet pod-log path), so the same overrides apply offline.
+    """
+
+    source: str | None = None
+    node: str | None = None
+    namespace: str | None = None
+    node_pool: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, event: FaultEvent) -> EventContext:
+        """The context of ``event``: its origin's namespace (else its ``namespace`` label) and node-pool label."""
+        pool = next((event.labels[k] for k in NODE_POOL_LABELS if event.labels.get(k)), None)
+        return cls(source=event.source, node=event.node,
+                   namespace=event.origin.namespace or event.labels.get("namespace"), node_pool=pool,
+                   labels=event.labels)
 
 
 @dataclass(frozen=True)
@@ -209,7 +229,8 @@ class RuleSet:
                 return sig, hit[0], hit[1]
         return None
 
-    def override_for(self, kind: str, code: object, event: FaultEvent | None = None) -> Override | None:
+    def override_for(self, kind: str, code: object, event: FaultEvent | EventContext | None = None
+                     ) -> Override | None:
         """The first override whose match fits (``event`` None: only matches that need no event)."""
         return next((o for o in self.overrides if o.match.of(kind, code, event)), None)
 
@@ -231,9 +252,11 @@ class RuleSet:
             "reason": f"{decision.reason} (routed to {ov.playbook} by operator rule {ov.name})"})
         return Applied(routed, (ov,), evidence.detail)
 
-    def apply_to_signal(self, sig: Signal) -> tuple[Signal | None, Override | None]:
-        """``sig`` after the overrides that need no event (what ``classify`` can apply offline)."""
-        ov = self.override_for(sig.kind, sig.xid if sig.xid is not None else sig.code)
+    def apply_to_signal(self, sig: Signal, context: EventContext | None = None
+                        ) -> tuple[Signal | None, Override | None]:
+        """``sig`` after the overrides (what ``classify`` applies offline): without ``context`` only the ones
+        that need no event; with it also those on node, namespace, node pool and labels it names."""
+        ov = self.override_for(sig.kind, sig.xid if sig.xid is not None else sig.code, context)
         if ov is None:
             return sig, None
         if ov.suppress or ov.application_only:
@@ -525,5 +548,5 @@ def _longest_literal(pattern: str) -> str:
     return max(best, run, key=len).strip()
 
 
-__all__ = ["EMPTY", "NODE_POOL_LABELS", "RULES_VERSION", "Applied", "Match", "Override", "RuleSet", "RulesError",
-           "RulesSource", "UserSignature", "load_rules", "parse_rules"]
+__all__ = ["EMPTY", "NODE_POOL_LABELS", "RULES_VERSION", "Applied", "EventContext", "Match", "Override", "RuleSet",
+           "RulesError", "RulesSource", "UserSignature", "load_rules", "parse_rules"]

@@ -12,8 +12,11 @@ standard error. Exit 0 whether or not anything was found, 2 when an input cannot
 is invalid (every problem printed as ``FILE:LINE: message``).
 
 ``--rules FILE`` loads operator rules (``handlers.rules``): their added signatures are tried on the lines the
-built-in families leave, and their overrides that need no event context (kind and code only) are applied to
-each signal's playbook -- a suppressed or application-only signal is not reported. ``--explain`` adds one key,
+built-in families leave, and their overrides are applied to each signal's playbook -- a suppressed or
+application-only signal is not reported. Overrides on kind and code always apply; those on node, namespace or
+node pool apply when the input says where it came from: ``--node``, ``--namespace``, ``--pool`` (for every input),
+or, for a file in the kubelet's pod-log layout (``/var/log/pods/<namespace>_<pod>_<uid>/<container>/N.log``),
+the namespace its path names (a flag wins). ``--explain`` adds one key,
 ``explain``, to each JSON object (and an indented block under each table row): the rule that matched, the
 span of the line it matched, and why the action and playbook follow (``handlers.signatures.explain``);
 signals an override dropped are then reported too, with ``explain.override`` naming the rule.
@@ -22,6 +25,7 @@ signals an override dropped are then reported too, with ``explain.override`` nam
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,7 +33,7 @@ from typing import Any, BinaryIO
 
 import click
 
-from handlers.rules import Override, RulesError, RuleSet, load_rules
+from handlers.rules import EventContext, Override, RulesError, RuleSet, load_rules
 from handlers.signatures import LineScanner, Signal
 from handlers.signatures.dcgm import alerts_in_payload, is_alert_payload
 from handlers.signatures.explain import explain as explain_signal
@@ -112,15 +116,30 @@ def classify_data(data: bytes, rules: RuleSet | None = None) -> list[Finding]:
     return classify_text(data.decode("utf-8", "replace"), rules)
 
 
-def overridden(findings: list[Finding], rules: RuleSet | None
+# The kubelet's container-log layout: <root>/<namespace>_<pod>_<uid>/<container>/<N>.log
+_POD_LOG_RE = re.compile(r"(?:^|/)(?P<ns>[a-z0-9][a-z0-9-]{0,62})_[^/_]+_[0-9a-fA-F-]{8,}/[^/]+/\d+\.log(?:\.\S*)?$")
+
+
+def input_context(name: str, node: str | None, namespace: str | None, pool: str | None) -> EventContext | None:
+    """The event context the overrides see for input ``name``: the flags, else what a pod-log path names."""
+    if namespace is None and name != "-":
+        m = _POD_LOG_RE.search(name)
+        if m is not None:
+            namespace = m.group("ns")
+    if node is None and namespace is None and pool is None:
+        return None
+    return EventContext(node=node, namespace=namespace, node_pool=pool)
+
+
+def overridden(findings: list[Finding], rules: RuleSet | None, context: EventContext | None = None
                ) -> list[tuple[Finding, Override | None, str | None, bool]]:
-    """``(finding, override, playbook before, kept)`` after the overrides that need no event context."""
+    """``(finding, override, playbook before, kept)`` after the overrides (``context``: where the input came from)."""
     out: list[tuple[Finding, Override | None, str | None, bool]] = []
     for f in findings:
         if not rules or not rules.overrides:
             out.append((f, None, f.signal.playbook, True))
             continue
-        sig, ov = rules.apply_to_signal(f.signal)
+        sig, ov = rules.apply_to_signal(f.signal, context)
         out.append((Finding(f.line, sig if sig is not None else f.signal), ov, f.signal.playbook, sig is not None))
     return out
 
@@ -160,14 +179,20 @@ def _cell(v: object) -> str:
 @click.option("--rules", "rules_file", type=click.Path(dir_okay=False, exists=False), default=None,
               help="Operator rules YAML: added signatures and overrides (see ARCHITECTURE.md).")
 @click.option("--explain", is_flag=True, help="Say for each signal which rule matched where, and why.")
+@click.option("--node", default=None, metavar="NAME", help="The node the input came from (for overrides on node).")
+@click.option("--namespace", default=None, metavar="NS",
+              help="The namespace the input came from (for overrides on namespace; default: a pod-log path's).")
+@click.option("--pool", default=None, metavar="POOL", help="The node pool the input came from (for overrides on it).")
 @click.argument("files", nargs=-1, type=click.Path(dir_okay=False, allow_dash=True))
-def classify(as_json: bool, rules_file: str | None, explain: bool, files: tuple[str, ...]) -> None:
+def classify(as_json: bool, rules_file: str | None, explain: bool, node: str | None, namespace: str | None,
+             pool: str | None, files: tuple[str, ...]) -> None:
     """Report every GPU fault signal in log lines or Alertmanager JSON payloads (stdin when no FILE).
 
     Each line is judged on its own, a record split over lines as one. With --json: one object per signal
     with the keys line, kind, xid, pci_bus_id, gpu_index, action and playbook (and explain, with --explain);
-    otherwise a table on standard error. --rules FILE adds operator signatures and overrides. Exit 0 whether
-    or not anything was found; 2 when a file cannot be read or the rules file is invalid.
+    otherwise a table on standard error. --rules FILE adds operator signatures and overrides; --node,
+    --namespace and --pool say where the input came from, for the overrides that match on them. Exit 0
+    whether or not anything was found; 2 when a file cannot be read or the rules file is invalid.
     """
     rules: RuleSet | None = None
     if rules_file is not None:
@@ -189,7 +214,7 @@ def classify(as_json: bool, rules_file: str | None, explain: bool, files: tuple[
             click.echo(f"remediator classify: cannot read {name}: {exc.strerror or exc}", err=True)
             failed = True
             continue
-        found = overridden(classify_data(data, rules), rules)
+        found = overridden(classify_data(data, rules), rules, input_context(name, node, namespace, pool))
         if explain:
             rows = _explained(data, [x for x in found if x[3] or explain], rules)
         else:
