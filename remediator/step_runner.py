@@ -132,12 +132,19 @@ class StepRunner:
                                after={"step": spec.key, "params": dict(spec.params), "timeout_s": spec.timeout_s})
         key, value = ctx.settings.taint_key, taint_value(ctx, taint.params)
         effect = str(taint.params.get("effect", "NoSchedule"))  # as the taint step sends it
-        with span("step quarantine", attributes={"remediator.step": f"{taint.key}+{cordon.key}"}):
+        # One span per step, as for steps run one by one: the request under the taint's, the cordon's beside it.
+        with span(f"step {taint.key}", attributes={"remediator.step": taint.key, "remediator.step.name": taint.name,
+                                                   "remediator.step.request": f"one with {cordon.key}"}) as sp:
             try:
                 changes: tuple[Change, Change] = await asyncio.wait_for(
                     combined(ctx.node, key, value, effect), timeout=min(taint.timeout_s, cordon.timeout_s))
             except (StepFailed, PermanentError, TimeoutError):
+                sp.set_attribute("remediator.step.status", "retried-alone")
                 return False
+            sp.set_attribute("remediator.step.status", "succeeded")
+        with span(f"step {cordon.key}", attributes={"remediator.step": cordon.key, "remediator.step.name": cordon.name,
+                                                    "remediator.step.request": f"one with {taint.key}"}) as sp:
+            sp.set_attribute("remediator.step.status", "succeeded")
         finished = self.clock()
         for spec, c, what in ((taint, changes[0], "taint"), (cordon, changes[1], "cordon")):
             after = {**c.after, "changed_by_us": c.changed}

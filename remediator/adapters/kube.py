@@ -53,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import copy
 import functools
 import hashlib
 import json
@@ -62,7 +63,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -75,6 +76,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from tenacity import RetryCallState, RetryError, Retrying, retry_if_exception
 
+from remediator.adapters.nodecache import NodeCache
 from remediator.adapters.ratelimit import LanedLimiter, current_lane, lane
 from remediator.contracts import JOB_LABELS, OPT_OUT_LABEL, POOL_LABEL, Change, JobRef
 from remediator.errors import Conflict, PermanentError, RemediatorError, TemporaryError
@@ -356,6 +358,7 @@ class KubeAdapter:
             raise ValueError("conflict_attempts must be at least 1")
         self._api = self._load_client(kubeconfig)
         self.limiter = LanedLimiter(qps, burst, clock=clock, sleep=sleep)
+        self.node_cache: NodeCache | None = None  # start_node_cache: node reads from a list-then-watch
         self._retry_budget_s = float(retry_budget_s)
         self.taint_key = taint_key
         self._drain_timeout_s = float(drain_timeout_s)
@@ -410,7 +413,9 @@ class KubeAdapter:
         return k8s_client.ApiClient(configuration=cfg)
 
     def close(self) -> None:
-        """Release the connection pool."""
+        """Stop the node cache and release the connection pool."""
+        if self.node_cache is not None:
+            self.node_cache.stop(timeout_s=0.0)
         self._api.close()
 
     def ping(self, timeout_s: float = 3.0) -> None:
@@ -598,8 +603,76 @@ class KubeAdapter:
 
     # --- nodes ---------------------------------------------------------------------------------------
 
-    def _raw_node(self, name: str) -> dict[str, Any]:
-        return self._request("GET", f"/api/v1/nodes/{name}", kind="Node", name=name)
+    def _raw_node(self, name: str, *, live: bool = False) -> dict[str, Any]:
+        """The node from the node cache when it is synced and holds it (a copy), else (and with ``live``)
+        from the API server."""
+        cache = self.node_cache
+        if not live and cache is not None and cache.synced:
+            held = cache.get(name)
+            if held is not None:
+                return copy.deepcopy(held)
+        raw = self._request("GET", f"/api/v1/nodes/{name}", kind="Node", name=name)
+        if cache is not None:
+            cache.observe(raw)
+        return raw
+
+    # --- the node cache ------------------------------------------------------------------------------
+
+    def start_node_cache(self, *, resync_s: float = 300.0, watch_timeout_s: float = 60.0) -> NodeCache:
+        """Start serving node reads from memory (``remediator.adapters.nodecache``: list, then watch, with
+        410-Gone relists and a full resync every ``resync_s``); idempotent. Mutations keep their
+        ``resourceVersion`` precondition and re-read from the API server after a conflict."""
+        if self.node_cache is None:
+            self.node_cache = NodeCache(self._node_snapshot, self._node_events, resync_s=resync_s,
+                                        watch_timeout_s=watch_timeout_s, clock=self._clock).start()
+        return self.node_cache
+
+    def _node_snapshot(self) -> tuple[list[dict[str, Any]], str]:
+        """Every node and the list's resourceVersion (one snapshot across pages)."""
+        items: list[dict[str, Any]] = []
+        params: dict[str, str | int] = {"limit": self._page_size}
+        rv = ""
+        while True:
+            page = self._request("GET", "/api/v1/nodes", query=params, kind="NodeList")
+            items.extend(i for i in page.get("items") or [] if isinstance(i, dict))
+            rv = rv or str(_meta(page).get("resourceVersion") or "")
+            token = _meta(page).get("continue")
+            if not token:
+                return items, rv
+            params["continue"] = token
+
+    def _node_events(self, resource_version: str, timeout_s: float) -> Iterator[dict[str, Any]]:
+        """The events of one node watch from ``resource_version`` (bookmarks asked for), until the server
+        ends it; a non-200 answer is one ``ERROR`` event, a broken stream ends it with ``KubeTemporaryError``."""
+        self.limiter.acquire(current_lane("GET"))
+        query = [("watch", "1"), ("resourceVersion", resource_version), ("allowWatchBookmarks", "true"),
+                 ("timeoutSeconds", max(1, int(timeout_s)))]
+        m, url, hdrs, payload, _ = self._api.param_serialize(
+            method="GET", resource_path="/api/v1/nodes", query_params=query,
+            header_params={"Accept": "application/json"}, auth_settings=["BearerToken"])
+        try:
+            resp = self._api.call_api(m, url, header_params=hdrs, body=payload,
+                                      _request_timeout=(self._request_timeout[0], timeout_s + 10.0))
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+            raise KubeTemporaryError(f"watch nodes: {e}") from e
+        raw = resp.response
+        try:
+            if int(resp.status) != 200:
+                yield {"type": "ERROR", "object": {"code": int(resp.status), "message": _status_message(raw.read())}}
+                return
+            buf = b""
+            for chunk in raw.stream(65536):
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if line.strip():
+                        event = json.loads(line)
+                        if isinstance(event, dict):
+                            yield event
+        except (urllib3.exceptions.HTTPError, OSError, ValueError) as e:
+            raise KubeTemporaryError(f"watch nodes: {type(e).__name__}: {e}") from e
+        finally:
+            raw.close()
 
     @staticmethod
     def _node_summary(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -662,7 +735,9 @@ class KubeAdapter:
     def list_gpu_nodes(self, pool: str | None = None) -> list[dict[str, Any]]:
         """Summaries of the GPU nodes (``nvidia.com/gpu`` capacity, the GPU operator's labels, or our pool
         label), optionally only those of one pool; nodes without a pool label are in ``"default"``."""
-        nodes = [self._node_summary(n) for n in self._list("/api/v1/nodes", kind="NodeList") if self._is_gpu_node(n)]
+        cache = self.node_cache
+        raws = cache.nodes() if cache is not None and cache.synced else self._list("/api/v1/nodes", kind="NodeList")
+        nodes = [self._node_summary(n) for n in raws if self._is_gpu_node(n)]
         if pool is not None:
             nodes = [n for n in nodes if n["pool"] == pool]
         return sorted(nodes, key=lambda n: str(n["name"]))
@@ -729,7 +804,7 @@ class KubeAdapter:
         ``(before, after, changed, detail)`` as raw node objects.
         """
         for attempt in range(1, self._conflict_attempts + 1):
-            raw = self._raw_node(name)
+            raw = self._raw_node(name, live=attempt > 1)  # the cache, then after a conflict the API server
             patch, detail = decide(raw)
             if patch is None:
                 return raw, raw, False, detail
@@ -743,6 +818,8 @@ class KubeAdapter:
             except _Conflict:
                 log.info("node %s changed under us (attempt %d); re-reading", name, attempt)
                 continue
+            if self.node_cache is not None:
+                self.node_cache.observe(after)  # our own write is seen before its watch event arrives
             return raw, after, True, detail
         raise KubeConflict(
             f"node {name}: concurrent writers won {self._conflict_attempts} times in a row; try again later",
@@ -1798,6 +1875,12 @@ class AsyncKube:
     @property
     def taint_key(self) -> str:
         return self.sync.taint_key
+
+    async def start(self, *, wait_s: float = 30.0) -> bool:
+        """Start the adapter's node cache (``KubeAdapter.start_node_cache``) and wait up to ``wait_s`` for its
+        first list; True when it is synced (until then, and whenever it is not, reads go to the API server)."""
+        cache = self.sync.start_node_cache()
+        return await asyncio.to_thread(cache.wait_synced, wait_s)
 
     async def _call(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
         # The caller's context variables (the current trace span among them) travel with the call, as

@@ -59,16 +59,24 @@ def classify(lines: int, as_json: bool) -> None:
 
 
 @bench.command("storm")
-@click.option("--nodes", default=1500, show_default=True, type=click.IntRange(2))
-@click.option("--failing", default=750, show_default=True, type=click.IntRange(1))
+@click.option("--nodes", default=1500, show_default=True, type=click.IntRange(2, 200_000))
+@click.option("--failing", default=750, show_default=True, type=click.IntRange(1, 200_000))
+@click.option("--burst", is_flag=True, help="Every failing node reports at once (default: spread over 30 s).")
+@click.option("--default-limits", is_flag=True,
+              help="The shipped client rate limit and every guard but breaker and budget (default: limit raised).")
+@click.option("--no-breaker-run", "skip_breaker", is_flag=True, help="Skip the second run with the default guards.")
+@click.option("--wait", "wait_s", default=120.0, show_default=True, type=click.FloatRange(1, 7200),
+              help="How long to wait for the runs to finish after the last event.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def storm(nodes: int, failing: int, as_json: bool) -> None:
+def storm(nodes: int, failing: int, burst: bool, default_limits: bool, skip_breaker: bool, wait_s: float,
+          as_json: bool) -> None:
     """Fatal-Xid storm through the real pipeline, without and with the circuit breaker."""
     if failing > nodes:
         raise click.BadParameter("--failing cannot exceed --nodes")
     from chaos.bench import storm as mod
 
-    _emit(asyncio.run(mod.run(nodes=nodes, failing=failing, progress=_progress)), as_json)
+    _emit(asyncio.run(mod.run(nodes=nodes, failing=failing, progress=_progress, burst=burst,
+                              default_limits=default_limits, breaker_run=not skip_breaker, wait_s=wait_s)), as_json)
 
 
 @bench.command("agent")

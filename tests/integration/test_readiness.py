@@ -81,6 +81,13 @@ def test_readyz_names_the_kubernetes_api_a_deleted_consumer_and_the_bus(nats_ser
             assert time.monotonic() - t0 < 60, replica.log()[-3000:]
             time.sleep(0.2)
         print(f"after bus init re-created it, an Xid 79 cordoned its node in {time.monotonic() - t0:.1f}s")
+        # /metrics shows the client rate limit per lane: the quarantine PATCH went in the first (its read: the cache)
+        metrics = httpx.get(f"{replica.base}/metrics", timeout=5).text
+        for lane in ("quarantine", "read", "bulk"):
+            assert f'remediator_kube_requests_queued{{lane="{lane}"}} ' in metrics, metrics
+        sent = next(line for line in metrics.splitlines()
+                    if line.startswith('remediator_kube_requests_total{lane="quarantine"}'))
+        assert float(sent.rsplit(" ", 1)[1]) >= 1, metrics
 
         nats_server.stop()  # the bus goes away
         took, body = _until(replica, 503)

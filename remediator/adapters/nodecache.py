@@ -1,0 +1,201 @@
+"""The node cache: every Node of the cluster in memory, kept by one list-then-watch (client-go's informer).
+
+Where it sits: inside the Kubernetes adapter (``remediator.adapters.kube``), which owns the requests; this
+module owns the loop and the store, and imports no client library. Once started (``AsyncKube.start``: the
+service and the benchmarks do), the adapter answers ``get_node``/``find_node``/``list_gpu_nodes`` — what the
+guards, the override checks, the budget and the escalation read — from here instead of the API server.
+Mutations still read and write with optimistic concurrency: the first attempt patches on the cached
+``resourceVersion``; a 409 (the cache was behind) re-reads the node from the API server. The object a
+successful write returns is stored at once (client-go's mutation cache), so the next read sees our own write
+before its watch event arrives.
+
+The loop, as client-go's reflector runs it:
+
+1. **list** every node (paginated; the list's ``resourceVersion`` is one snapshot) and replace the store;
+2. **watch** from that ``resourceVersion`` (``timeoutSeconds`` bounded): ``ADDED``/``MODIFIED`` store the
+   object when its ``resourceVersion`` is newer than the one held, ``DELETED`` drops it, ``BOOKMARK`` only
+   moves the resourceVersion; a watch that ends normally is re-opened from the last resourceVersion seen;
+3. an ``ERROR`` event (``410 Gone``: the resourceVersion fell out of the server's watch window) or a broken
+   stream means **list again** (after a short, growing pause when the server keeps failing);
+4. a full **resync** (list again) every ``resync_s`` whatever happened, so a missed event cannot live on.
+
+``synced`` is true from the first successful list until the loop stops or fails for longer than
+``stale_after_s``; while it is false the adapter reads the API server as before, so a cache that cannot
+keep up never serves stale data for long. A node the cache does not hold is read from the API server too
+(it may be seconds old).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+__all__ = ["NodeCache", "newer"]
+
+Lister = Callable[[], tuple[list[dict[str, Any]], str]]
+Watcher = Callable[[str, float], Iterator[dict[str, Any]]]
+
+
+def _rv(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+def newer(candidate: str, held: str) -> bool:
+    """Whether resourceVersion ``candidate`` is newer than ``held``. Kubernetes calls them opaque; every API
+    server in use (etcd revisions) and the simulator issue increasing integers, which client-go's mutation
+    cache compares the same way. Unparseable ones count as newer (the latest arrival wins)."""
+    if not held:
+        return True
+    try:
+        return int(candidate) > int(held)
+    except ValueError:
+        return candidate != held
+
+
+class NodeCache:
+    """The store and the list-then-watch loop (a daemon thread, ``start``/``stop``)."""
+
+    def __init__(self, lister: Lister, watcher: Watcher, *, resync_s: float = 300.0, watch_timeout_s: float = 60.0,
+                 stale_after_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._list = lister
+        self._watch = watcher
+        self.resync_s = resync_s
+        self.watch_timeout_s = watch_timeout_s
+        self.stale_after_s = stale_after_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._nodes: dict[str, dict[str, Any]] = {}
+        self._rv = ""
+        self._listed_at: float | None = None
+        self._failing_since: float | None = None
+        self._stop = threading.Event()
+        self._synced = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.lists = 0  # how many times it listed (the first, resyncs, relists after 410 or errors)
+        self.events = 0  # watch events applied
+
+    # --- reading ---------------------------------------------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        """True while the store can answer: listed at least once, and not failing for ``stale_after_s``."""
+        if not self._synced.is_set():
+            return False
+        failing = self._failing_since
+        return failing is None or self._clock() - failing < self.stale_after_s
+
+    def wait_synced(self, timeout_s: float) -> bool:
+        """Block until the first list filled the store (or ``timeout_s`` passed); returns ``synced``."""
+        self._synced.wait(timeout_s)
+        return self.synced
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        """The node as last seen (the stored object itself: callers must not change it), None when absent."""
+        with self._lock:
+            return self._nodes.get(name)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """Every node as last seen (the stored objects: callers must not change them)."""
+        with self._lock:
+            return list(self._nodes.values())
+
+    @property
+    def resource_version(self) -> str:
+        return self._rv
+
+    def observe(self, obj: Mapping[str, Any]) -> None:
+        """Store ``obj`` (what a write of ours returned) when it is newer than what the cache holds."""
+        name = (obj.get("metadata") or {}).get("name")
+        if not name:
+            return
+        with self._lock:
+            held = self._nodes.get(str(name))
+            if held is None or newer(_rv(obj), _rv(held)):
+                self._nodes[str(name)] = dict(obj)
+
+    # --- the loop --------------------------------------------------------------------------------------
+
+    def start(self) -> NodeCache:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="kube-node-cache", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the loop (an open watch ends at its timeout at the latest; the thread is a daemon)."""
+        self._stop.set()
+        self._synced.clear()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _relist(self) -> None:
+        items, rv = self._list()
+        fresh = {str(o["metadata"]["name"]): o for o in items if (o.get("metadata") or {}).get("name")}
+        with self._lock:
+            self._nodes = fresh
+            self._rv = rv
+        self.lists += 1
+        self._listed_at = self._clock()
+        self._failing_since = None
+        self._synced.set()
+
+    def _apply(self, event: Mapping[str, Any]) -> bool:
+        """Apply one watch event; False when the watch must be given up (an ERROR event: list again)."""
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        if kind == "ERROR":
+            log.info("node watch ended by the API server (%s); listing again",
+                     (obj.get("message") or obj.get("reason") or obj) if isinstance(obj, dict) else obj)
+            return False
+        rv = _rv(obj)
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        with self._lock:
+            if kind == "BOOKMARK":
+                pass
+            elif kind == "DELETED":
+                self._nodes.pop(name, None)
+            elif kind in ("ADDED", "MODIFIED") and name:
+                held = self._nodes.get(name)
+                if held is None or newer(rv, _rv(held)):
+                    self._nodes[name] = dict(obj)
+            else:
+                return False
+            if rv:
+                self._rv = rv
+        self.events += 1
+        return True
+
+    def _run(self) -> None:
+        pause = 0.5
+        need_list = True
+        while not self._stop.is_set():
+            try:
+                if need_list or (self._listed_at is not None and self._clock() - self._listed_at >= self.resync_s):
+                    self._relist()
+                    need_list = False
+                need_list = not self._watch_once()
+                pause = 0.5
+            except Exception as e:  # the API server away or refusing: reads fall back to it until we recover
+                if self._failing_since is None:
+                    self._failing_since = self._clock()
+                    log.warning("node cache: %s: %s; reading nodes from the API server until it recovers",
+                                type(e).__name__, str(e)[:300])
+                need_list = True
+                self._stop.wait(pause)
+                pause = min(pause * 2, 10.0)
+
+    def _watch_once(self) -> bool:
+        """One watch from the held resourceVersion, until it ends; False when it must be followed by a list."""
+        left = self.resync_s - (self._clock() - (self._listed_at or self._clock()))
+        timeout = max(1.0, min(self.watch_timeout_s, left))
+        for event in self._watch(self._rv, timeout):
+            if self._stop.is_set():
+                return True
+            if not self._apply(event):
+                return False
+        return True

@@ -1,0 +1,101 @@
+"""The adapter's node cache against the simulated API server (real HTTP, the official client, a real watch).
+
+Reads come from memory once the first list is in; a change made by someone else arrives by the watch; our own
+write is seen at once; a cache that is behind never makes a write lose someone else's change (the PATCH
+keeps its resourceVersion precondition and a conflict re-reads from the API server).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaos.sim import ClusterState, KubeApiServer, seed_cluster
+from remediator.adapters.kube import KubeAdapter
+from remediator.adapters.nodecache import NodeCache
+
+TAINT_KEY = "gpu-remediator/quarantine"
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _until(cond: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def cluster() -> ClusterState:
+    return seed_cluster(nodes=6)
+
+
+@pytest.fixture
+def kube(cluster: ClusterState, tmp_path: Path) -> Iterator[KubeAdapter]:
+    with KubeApiServer(cluster) as srv:
+        adapter = KubeAdapter(str(srv.write_kubeconfig(tmp_path / "kubeconfig")), taint_key=TAINT_KEY,
+                              retry_budget_s=10.0, page_size=4)
+        yield adapter
+        adapter.close()
+
+
+def test_reads_come_from_memory_after_one_list(kube: KubeAdapter, cluster: ClusterState) -> None:
+    cache = kube.start_node_cache(watch_timeout_s=5)
+    assert cache.wait_synced(10)
+    assert cluster.count("list", "nodes") == 2  # one list, two pages of 4
+    gets = cluster.count("get", "nodes")
+    for _ in range(20):
+        assert kube.get_node("gpu-node-3")["name"] == "gpu-node-3"
+    assert len(kube.list_gpu_nodes("pool-a")) == 6
+    assert kube.find_node("gpu-node-9") is None  # not held: confirmed with the API server (404)
+    assert cluster.count("get", "nodes") == gets + 1
+    assert cluster.count("list", "nodes") == 2
+
+
+def test_a_change_by_someone_else_arrives_by_the_watch(kube: KubeAdapter, cluster: ClusterState) -> None:
+    assert kube.start_node_cache(watch_timeout_s=5).wait_synced(10)
+    cluster.patch("nodes", "gpu-node-2", {"spec": {"unschedulable": True}})
+    _until(lambda: kube.get_node("gpu-node-2")["unschedulable"], "the watch never brought the cordon")
+    cluster.patch("nodes", "gpu-node-2", {"metadata": {"labels": {"gpu-remediator.io/pool": "pool-z"}}})
+    _until(lambda: [n["name"] for n in kube.list_gpu_nodes("pool-z")] == ["gpu-node-2"],
+           "the watch never brought the label")
+
+
+def test_our_own_write_is_read_back_at_once(kube: KubeAdapter, cluster: ClusterState) -> None:
+    assert kube.start_node_cache(watch_timeout_s=5).wait_synced(10)
+    gets = cluster.count("get", "nodes")
+    kube.quarantine("gpu-node-1", TAINT_KEY, "gpu-lost")
+    node = kube.get_node("gpu-node-1")  # no watch event needed: the PATCH's answer is in the cache
+    assert node["unschedulable"] and [t["key"] for t in node["taints"]] == [TAINT_KEY]
+    assert cluster.count("get", "nodes") == gets  # the quarantine read the cache, too
+    assert cluster.count("patch", "nodes") == 1
+
+
+def test_a_stale_cache_makes_the_write_conflict_and_reread_never_overwrite(kube: KubeAdapter,
+                                                                           cluster: ClusterState) -> None:
+    # A cache that listed once and then hears nothing (its watch hangs): always behind.
+    hold = threading.Event()
+
+    def silent(_rv: str, _timeout: float) -> Iterator[dict[str, Any]]:
+        hold.wait(5)
+        return iter(())
+
+    stale = NodeCache(kube._node_snapshot, silent).start()
+    kube.node_cache = stale
+    try:
+        assert stale.wait_synced(10)
+        cluster.patch("nodes", "gpu-node-0", {"spec": {"taints": [{"key": "other", "effect": "NoSchedule"}]}})
+        change = kube.taint("gpu-node-0", TAINT_KEY, "gpu-lost")
+        assert change.changed
+        assert cluster.count("patch", "nodes") == 2  # the first lost on resourceVersion, the second won
+        assert [t["key"] for t in cluster.node("gpu-node-0")["spec"]["taints"]] == ["other", TAINT_KEY]
+    finally:
+        hold.set()
+        stale.stop()
+        kube.node_cache = None
