@@ -190,6 +190,10 @@ class PodResourcesClient:
                     ("grpc.max_receive_message_length", self.max_receive_bytes),
                     ("grpc.max_send_message_length", 64 * 1024),
                     ("grpc.enable_http_proxy", 0),
+                    # a kubelet that restarts re-creates its socket: find it within 2 s, not gRPC's 120 s
+                    ("grpc.initial_reconnect_backoff_ms", 200),
+                    ("grpc.min_reconnect_backoff_ms", 200),
+                    ("grpc.max_reconnect_backoff_ms", 2000),
                 ])
             call = self._calls.get(rpc)
             if call is None:

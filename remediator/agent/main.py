@@ -39,11 +39,15 @@ from remediator.agent.publisher import BusLink, Publisher
 from remediator.agent.refusals import RefusalReporter
 from remediator.agent.spool import DEFAULT_MAX_BYTES, Spool
 from remediator.agent.state import DEFAULT_BOOT_ID_PATH, StateStore, read_boot_id
-from remediator.bus import Credentials
+from remediator.bus import Credentials, verify_capture
 from remediator.contracts import FaultEvent, utcnow
 from remediator.signing import TrustSet, load_signer, local_signer
+from remediator.subjects import FAULTS_STREAM, faults_subject
 
 log = logging.getLogger(__name__)
+
+BUS_CHECK_S = 300.0  # how often the agent re-verifies that FAULTS stores its events
+BUS_RECHECK_S = 10.0  # ... while it does not
 
 AGENT_KEY_FILE = "agent.nk"
 
@@ -151,6 +155,7 @@ class Agent:
                                           temperature_limit_c=config.temperature_limit_c, signer=self.signer,
                                           trust=TrustSet(config.trust_keys))
         self.refusals = RefusalReporter(config.node, self.signer)
+        self.bus_problem: str | None = ""  # "": not verified yet; None: FAULTS stores this node's events
         self.responder.on_refused = self.refusals.refused
         self.link.on_connect(self._subscribe_commands)
         self.kernel_watchers: list[KernelLogWatcher] = []
@@ -225,6 +230,7 @@ class Agent:
         self._spawn("bus", self.link.run)
         self._spawn("replay", self.publisher.replay)
         self._spawn("refusal-reports", lambda: self.refusals.run(self.link))
+        self._spawn("bus-check", self._check_bus)
         for w in self.kernel_watchers:
             self._spawn(f"kernel-{w.source.name}", w.run)
         if self.poller is not None:
@@ -240,11 +246,37 @@ class Agent:
         if not self.responder.trust:
             log.warning("agent for node %s trusts no service key (--trust-key): every command will be refused",
                         self.node)
+        socket = cfg.pod_resources_socket
+        if self.gpus is not None and (self.pod_resources is None or (socket and not Path(socket).exists())):
+            log.warning("agent for node %s: %s; until there is one, which pods hold a GPU is unknown and per-GPU "
+                        "eviction is refused", self.node, f"the kubelet's PodResources socket {socket} does not "
+                        "exist (yet)" if socket else "no kubelet PodResources socket (--pod-resources SOCKET)")
         log.info("agent for node %s started (key %s, kernel: %s, gpus: %s, pod logs: %s, pod resources: %s, "
                  "nats: %s)", self.node, self.signer.public_key,
                  ", ".join(s.name for s in sources) or "none",
                  type(self.gpus).__name__ if self.gpus is not None else "none", cfg.pod_logs_dir or "none",
                  cfg.pod_resources_socket or "none", cfg.nats_url)
+
+    async def _check_bus(self) -> None:
+        """Verify, once connected and then every ``BUS_CHECK_S`` (``BUS_RECHECK_S`` while wrong), that FAULTS
+        stores this node's events (``bus.verify_capture``: nothing stored, no right beyond the agent's own).
+        The agent never provisions and does not exit on a missing stream (its events stay spooled, nothing
+        is lost, and a DaemonSet must not crash-loop while the bus-init hook has not run yet): each new
+        problem is one ERROR line naming the fix, its end one INFO line, and ``stats()["bus"]`` says it."""
+        subject = faults_subject("agent", self.node)
+        last: str | None = ""
+        while True:
+            await self.link.up.wait()
+            js = self.link.js
+            problem = await verify_capture(js, subject, FAULTS_STREAM) if js is not None else "not connected"
+            self.bus_problem = problem
+            if problem != last:
+                if problem:
+                    log.error("the bus cannot store this node's events: %s (they stay spooled)", problem)
+                elif last:
+                    log.info("the bus stores this node's events again (FAULTS captures %s)", subject)
+                last = problem
+            await asyncio.sleep(BUS_RECHECK_S if problem else BUS_CHECK_S)
 
     def _spawn(self, name: str, factory: Callable[[], Awaitable[None]]) -> None:
         async def supervised() -> None:
@@ -337,6 +369,7 @@ class Agent:
             "boot_id": self.boot_id(),
             "publisher": self.publisher.stats(),
             "refused_commands": dict(self.responder.refusals),
+            "bus": "unverified" if self.bus_problem == "" else self.bus_problem or "ok",
             "refusal_reports": {"sent": self.refusals.reports_sent, "pending": self.refusals.pending,
                                 "failures": self.refusals.publish_failures},
             "public_key": self.signer.public_key,

@@ -49,8 +49,7 @@ AGENT_STOP_S = 15.0  # after SIGTERM/SIGINT the agent exits within this, stopped
               help="Container logs to scan (/var/log/pods on a node).")
 @click.option("--pod-resources", "pod_resources", default=None, metavar="SOCKET",
               help="The kubelet's PodResources gRPC socket: which pods hold which GPU (default: "
-                   "/var/lib/kubelet/pod-resources/kubelet.sock when it exists; with --sim-gpus, "
-                   "<state>/pod-resources.sock).")
+                   "/var/lib/kubelet/pod-resources/kubelet.sock; with --sim-gpus, <state>/pod-resources.sock).")
 @click.option("--check", "check", is_flag=True,
               help="Print what the agent can see (GPUs, kernel log, pod-resources socket, pod directories, NATS) "
                    "and exit: 0 when everything it needs is there, 1 with one line per missing source.")
@@ -177,17 +176,17 @@ def _usable_socket(path: str) -> None:
                                "socket: run the agent as root or mount the directory read-write)")
 
 
-def _pod_resources_socket(given: str | None, sim_state: str | None) -> str | None:
+def _pod_resources_socket(given: str | None, sim_state: str | None) -> str:
     """The socket the agent reads holders from: the one given; with --sim-gpus the simulated kubelet's beside
-    the state (``<state>/pod-resources.sock``) when it exists; else the kubelet's default when it exists."""
+    the state (``<state>/pod-resources.sock``); else the kubelet's default. A socket that is not there (yet)
+    makes each reply say the holders are unknown and why, until it appears (a kubelet that restarts)."""
     from remediator.adapters.podresources import DEFAULT_SOCKET
 
     if given is not None:
         return given
     if sim_state is not None:
-        sim_socket = Path(sim_state) / "pod-resources.sock"
-        return str(sim_socket) if sim_socket.exists() else None
-    return DEFAULT_SOCKET if Path(DEFAULT_SOCKET).exists() else None
+        return str(Path(sim_state) / "pod-resources.sock")
+    return DEFAULT_SOCKET
 
 
 def _gpu_backend(nvml: bool, sim_gpus: int | None, state_dir: str, node: str,

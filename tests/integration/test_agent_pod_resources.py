@@ -42,13 +42,14 @@ def gpu_state() -> Iterator[Path]:
         yield Path(d)
 
 
-def laid_out(gpu_state: Path) -> tuple[ClusterState, SimGpuNode, PodResourcesServers]:
+def laid_out(gpu_state: Path, *, serve: bool = True) -> tuple[ClusterState, SimGpuNode, PodResourcesServers]:
     """What ``remediator sim --nodes 1 --gpu-state DIR`` lays out: the node, its pods, its kubelet socket."""
     cluster = seed_cluster(1, gpus_per_pod=2)
     sim = SimGpuNode(gpu_state / NODE / "sim", name=NODE, gpus=8)
     mirror_pods(cluster, {NODE: sim})
     servers = PodResourcesServers(cluster, {NODE: sim})
-    servers.serve(NODE, gpu_state / NODE / SOCKET_NAME)
+    if serve:
+        servers.serve(NODE, gpu_state / NODE / SOCKET_NAME)
     return cluster, sim, servers
 
 
@@ -59,7 +60,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 async def test_status_reports_the_holders_read_over_grpc(nats_server: EmbeddedNats, tmp_path: Path,
                                                          gpu_state: Path) -> None:
-    cluster, _, servers = laid_out(gpu_state)
+    cluster, _, servers = laid_out(gpu_state, serve=False)  # the kubelet's socket comes up after the agent
     nc, _ = await provisioned(nats_server.url)
     proc = agent_cli(["--node", NODE, "--nats", nats_server.url, "--sim-gpus", "8", "--state", str(gpu_state / NODE),
                       "--interval", "0.5", "--trust-key", TRUST[0]], log=tmp_path / "agent.log")
@@ -67,12 +68,20 @@ async def test_status_reports_the_holders_read_over_grpc(nats_server: EmbeddedNa
         status = None
         for _ in range(100):
             try:
-                status = await command(nc, NODE, AgentCommand(id="s1", verb="status"), within=1)
+                status = await command(nc, NODE, AgentCommand(id="s0", verb="status"), within=1)
                 break
             except Exception:
                 assert proc.poll() is None, (tmp_path / "agent.log").read_text()
                 await asyncio.sleep(0.2)
-        assert status is not None and status.ok and status.after["holders_known"] is True
+        assert status is not None and status.after["holders_known"] is False and "does not exist" in status.detail
+        assert "PodResources socket" in (tmp_path / "agent.log").read_text()  # said once at start
+        servers.serve(NODE, gpu_state / NODE / SOCKET_NAME)
+        for n in range(30):  # found within the client's reconnect backoff (at most 2 s)
+            status = await command(nc, NODE, AgentCommand(id=f"s1-{n}", verb="status"))
+            if status.after["holders_known"]:
+                break
+            await asyncio.sleep(0.2)
+        assert status.ok and status.after["holders_known"] is True
         alloc = cluster.gpu_allocation(NODE)
         assert {g["index"]: [(h["namespace"], h["name"], h["uid"], h["container"]) for h in g["holders"]]
                 for g in status.after["gpus"]} == {
