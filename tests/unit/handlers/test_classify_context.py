@@ -85,7 +85,8 @@ def test_the_context_decides_as_dispatch_does_for_the_same_event() -> None:
     (_, sig), = LineScanner().scan_text("NVRM: Xid (PCI:0000:3b:00): 31, pid=1, Ch 00000008")
     now = datetime(2026, 1, 1, tzinfo=UTC)
     event = FaultEvent(id="e1", source="agent", node="gpu-node-2", kind="xid", code=31, observed_at=now,
-                       received_at=now, origin=Origin(namespace="research", pod="train-0"), labels={"node_pool": "pool-a"})
+                       received_at=now, origin=Origin(namespace="research", pod="train-0"),
+                       labels={"node_pool": "pool-a"})
     online = rules.override_for("xid", 31, event)
     offline = rules.apply_to_signal(sig, EventContext(node="gpu-node-2", namespace="research", node_pool="pool-a"))
     assert online is not None and offline == (None, online)
