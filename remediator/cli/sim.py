@@ -7,8 +7,10 @@ with that node's kubelet PodResources gRPC socket beside it (``<gpu-state>/<node
 ``chaos.sim.podresources_server``), and runs until SIGTERM or SIGINT, then exits 0. Point a real agent at
 a simulated node with ``remediator agent --node gpu-node-0 --sim-gpus 8 --state <gpu-state>/gpu-node-0``
 (which finds the socket there by itself), and inject faults into it from Python with
-``SimGpuNode.attach(<gpu-state>/gpu-node-0/sim)``. The chaos package is imported inside
-the command, so loading the CLI never loads it.
+``SimGpuNode.attach(<gpu-state>/gpu-node-0/sim)``. ``--gpu-allocation dra`` seeds the cluster as NVIDIA's DRA
+driver runs it (ResourceSlices, claims, DeviceTaintRules; ``chaos.sim.dra``), ``--gpu-pods-per-node M`` seeds M
+single-pod training Jobs per node. The chaos package is imported inside the command, so loading the CLI never
+loads it.
 """
 
 from __future__ import annotations
