@@ -324,6 +324,14 @@ class ApiServer:
             if "status" in rt.subresources:
                 new = {**new, "status": current.get("status")} if "status" in current else \
                     {k: v for k, v in new.items() if k != "status"}
+            if rt.plural == "devicetaintrules":
+                spec = dict(new.get("spec") or {})
+                old_taint = (current.get("spec") or {}).get("taint") or {}
+                taint = dict(spec.get("taint") or {}) if isinstance(spec.get("taint"), dict) else spec.get("taint")
+                if isinstance(taint, dict) and taint.get("effect") != old_taint.get("effect") and \
+                        taint.get("timeAdded") in (None, old_taint.get("timeAdded")):
+                    taint["timeAdded"] = self.s.ts()  # the effect changed: the eviction clock starts again
+                new = {**new, "spec": self.device_taint_rule_spec(cmeta["name"], {**spec, "taint": taint})}
             if rt.plural in GENERATION_TYPES and new.get("spec") != current.get("spec"):
                 meta["generation"] = int(cmeta.get("generation", 1)) + 1
         if new.get("status") is None:

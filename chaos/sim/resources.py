@@ -98,7 +98,8 @@ EAGER_KINDS = frozenset({"Job", "ReplicaSet"})
 # Objects with a spec a controller acts on.
 CONTROLLED_TYPES = frozenset({"jobs", "pytorchjobs", "deployments", "replicasets", "statefulsets"})
 WORKLOAD_TYPES = frozenset({"deployments", "replicasets", "statefulsets"})
-GENERATION_TYPES = frozenset({"daemonsets", "jobs", "pytorchjobs", "poddisruptionbudgets", *WORKLOAD_TYPES})
+GENERATION_TYPES = frozenset({"daemonsets", "jobs", "pytorchjobs", "poddisruptionbudgets", "devicetaintrules",
+                              "deviceclasses", *WORKLOAD_TYPES})
 SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 _REASONS = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 405: "MethodNotAllowed",
             409: "Conflict", 410: "Expired", 415: "UnsupportedMediaType", 422: "Invalid",

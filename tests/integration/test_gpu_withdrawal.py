@@ -21,7 +21,7 @@ import pytest
 
 from chaos.sim import TRAINING_NAMESPACE, ClusterState, KubeApiServer, seed_cluster
 from chaos.sim.resources import ApiError
-from remediator.adapters.kube import WITHDRAWN_GPUS_ANNOTATION, KubeAdapter, KubePermanentError
+from remediator.adapters.kube import WITHDRAWN_GPUS_ANNOTATION, KubeAdapter, KubePermanentError, NotFound
 from remediator.contracts import GpuRef
 
 pytestmark = pytest.mark.timeout(120)
@@ -235,3 +235,57 @@ def test_node_summary_counts_dra_gpus_from_the_feature_discovery_label(dra: Sim)
         n = a.get_node(NODE)
     assert (n["gpus"], n["gpus_allocatable"]) == (8, 8)
 
+
+
+def test_dra_noschedule_then_noexecute_changes_the_rule_and_evicts(dra: Sim) -> None:
+    name, _ = holder_of(dra.state, 3)
+    with adapter(dra) as a:
+        a.withdraw_gpu(NODE, GpuRef(index=3))
+        (rule,) = dra.state.list_objects("devicetaintrules")
+        assert rule["metadata"]["generation"] == 1 and name in uids(dra.state)
+        c = a.withdraw_gpu(NODE, GpuRef(index=3), effect="NoExecute")
+    assert c.changed and c.before["effect"] == "NoSchedule" and c.after["effect"] == "NoExecute"
+    (now,) = dra.state.list_objects("devicetaintrules")
+    assert now["spec"]["taint"]["effect"] == "NoExecute" and now["metadata"]["generation"] == 2
+    assert name not in uids(dra.state)  # the device-taint eviction controller took it
+
+
+def test_dra_a_claim_that_tolerates_the_taint_still_gets_the_device(dra: Sim) -> None:
+    state = dra.state
+    with adapter(dra) as a:
+        a.withdraw_gpu(NODE, GpuRef(index=1))
+    name, _ = holder_of(state, 1)
+    template = state.get("resourceclaimtemplates", "train-0-0-gpus", TRAINING_NAMESPACE)
+    request = template["spec"]["spec"]["devices"]["requests"][0]
+    request["exactly"]["tolerations"] = [{"key": KEY, "operator": "Exists", "effect": "NoSchedule"}]
+    state.replace("resourceclaimtemplates", "train-0-0-gpus", template, TRAINING_NAMESPACE)
+    state.evict(TRAINING_NAMESPACE, name)  # its replacement's claim tolerates the withdrawal
+    assert not state.pending_pods() and 1 in state.gpus_in_use(NODE)
+
+
+@pytest.mark.parametrize(("served", "picked"), [
+    ({"v1": ["devicetaintrules"], "v1beta2": ["devicetaintrules"]}, "v1"),
+    ({"v1": ["resourceslices"], "v1beta2": ["devicetaintrules"]}, "v1beta2"),
+    ({"v1alpha3": ["devicetaintrules"]}, "v1alpha3"),
+    ({"v1": ["resourceslices"]}, None),
+], ids=["v1", "v1beta2", "v1alpha3", "none"])
+def test_the_device_taint_rule_version_is_the_newest_the_server_offers(plugin: Sim, served: dict[str, list[str]],
+                                                                         picked: str | None) -> None:
+    a = adapter(plugin)
+    asked: list[str] = []
+
+    def discovery(method: str, path: str, **_kw: object) -> dict[str, object]:
+        asked.append(path)
+        version = path.rsplit("/", 1)[1]
+        if version not in served:
+            raise NotFound(f"{path} not found")
+        return {"resources": [{"name": r} for r in served[version]] + [{"name": "devicetaintrules/status"}]}
+
+    a._request = discovery  # type: ignore[method-assign]
+    try:
+        assert a._dra_version("devicetaintrules") == picked
+        assert asked == [f"/apis/resource.k8s.io/{v}" for v in ("v1", "v1beta2", "v1alpha3")]
+        assert a._dra_version("resourceslices") == ("v1" if "resourceslices" in served.get("v1", []) else None)
+        assert len(asked) == 3  # read once
+    finally:
+        a.close()
