@@ -149,6 +149,8 @@ class Agent:
         if pod_resources is None and config.pod_resources_socket is not None:
             pod_resources = self._kubelet_holders(config)
         self.pod_resources = pod_resources
+        socket = config.pod_resources_socket
+        self._socket_absent = socket is not None and not Path(socket).exists()  # for the warning at start
         self.responder = CommandResponder(node=config.node, gpus=gpus, host=self.host, pods=pods,
                                           pod_resources=pod_resources,
                                           state=self.state, status_extra=self.stats,
@@ -247,7 +249,7 @@ class Agent:
             log.warning("agent for node %s trusts no service key (--trust-key): every command will be refused",
                         self.node)
         socket = cfg.pod_resources_socket
-        if self.gpus is not None and (self.pod_resources is None or (socket and not Path(socket).exists())):
+        if self.gpus is not None and (self.pod_resources is None or self._socket_absent):
             log.warning("agent for node %s: %s; until there is one, which pods hold a GPU is unknown and per-GPU "
                         "eviction is refused", self.node, f"the kubelet's PodResources socket {socket} does not "
                         "exist (yet)" if socket else "no kubelet PodResources socket (--pod-resources SOCKET)")
