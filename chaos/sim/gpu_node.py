@@ -554,7 +554,8 @@ class SimGpuNode:
         if g["lost"]:
             return GpuSnapshot(identity=ident, lost=True)
         un = set(g.get("unsupported", []))
-        procs = tuple(GpuProcess(pid=int(pid), used_bytes=_process_bytes(p, self.clock()))
+        # a leak stops where the framebuffer ends (the job would hit CUDA out of memory there)
+        procs = tuple(GpuProcess(pid=int(pid), used_bytes=min(_process_bytes(p, self.clock()), int(g["memory_total"])))
                       for pid, p in g["processes"].items())
         reserved = int(g.get("reserved_bytes", 0))
         used = sum(p.used_bytes or 0 for p in procs) + int(g.get("held_bytes", 0)) + reserved

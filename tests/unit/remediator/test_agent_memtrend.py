@@ -23,6 +23,7 @@ from remediator.agent.memtrend import (
     over_baseline,
 )
 from remediator.agent.state import StateStore
+from tests.unit.handlers.helpers import ev
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -236,3 +237,40 @@ def test_baselines_survive_a_restart_and_a_reboot_keeps_only_the_containers(tmp_
     assert again.sample([_snap(28 * GIB)]) == []  # not reported twice: 28 < 26 x 1.3
     rebooted = _trend(tmp_path, clock, boot="boot-2")
     assert rebooted.state.processes == {} and rebooted.state.containers == trend.state.containers
+
+
+@pytest.mark.parametrize(
+    ("used", "window_s", "decides"),
+    [pytest.param(13 * GIB, 1200, True, id="at-1.3x-for-the-min-span"),
+     pytest.param(13 * GIB - 1, 1200, False, id="just-under-the-factor"),
+     pytest.param(20 * GIB, 1199, False, id="not-yet-sustained")],
+)
+def test_the_handler_judges_the_agents_baseline_report(used: int, window_s: int, decides: bool) -> None:
+    e = ev("memory_leak", "process_growth", labels={
+        "pid": "100", "process_used_bytes": str(used), "baseline_bytes": str(10 * GIB),
+        "growth_bytes_per_min": str(MIB), "growth_window_s": str(window_s)})
+    v = memleak_decide(e, History(), T0, MemleakPolicy())
+    assert (v.decision is not None) == decides
+    if v.decision is not None:
+        assert (v.decision.playbook, v.decision.labels["cause"]) == ("memory-leak-growth", "growth")
+
+
+def test_ownerless_memory_reported_by_the_agent_becomes_a_decision_after_orphan_for(tmp_path: Path) -> None:
+    clock = _Clock()
+    trend = _trend(tmp_path, clock)
+    held = GpuSnapshot(identity=GPU, memory_used=8 * GIB + 300 * MIB, memory_total=80 * GIB,
+                       memory_reserved=300 * MIB, processes=())
+    policy = MemleakPolicy(orphan_for=timedelta(minutes=10))
+    history, decided = History(), []
+    for m in range(0, 16):
+        clock.now = minutes(m)
+        for e in trend.sample([held]):
+            v = memleak_decide(e, history, clock.now, policy)
+            history = v.history
+            decided += [(m, v.decision.labels["cause"])] if v.decision else []
+        trend.commit()
+    assert decided == [(11, "no_process")]  # first reported at minute 1, acted on once it lasted 10 minutes
+    clock.now = minutes(16)
+    (cleared,) = trend.sample([GpuSnapshot(identity=GPU, memory_used=300 * MIB, memory_total=80 * GIB,
+                                           memory_reserved=300 * MIB, processes=())])
+    assert cleared.is_healthy and cleared.code == "fb_no_owner"
