@@ -699,11 +699,12 @@ class KubeAdapter:
             "conditions": conditions,
             "ready": conditions.get("Ready") == "True",
             # With DRA there is no nvidia.com/gpu capacity: GPU Feature Discovery's count label says how
-            # many GPUs the node has, and there is no device-plugin allocatable to lower.
+            # many GPUs the node has, and the GPUs we withdrew (our annotation) are the ones not allocatable.
             "gpus": _quantity_to_int(capacity.get(GPU_RESOURCE)) if GPU_RESOURCE in capacity
             else _quantity_to_int(labels.get("nvidia.com/gpu.count")),
             "gpus_allocatable": _quantity_to_int(allocatable.get(GPU_RESOURCE)) if GPU_RESOURCE in capacity
-            else _quantity_to_int(labels.get("nvidia.com/gpu.count")),
+            else max(0, _quantity_to_int(labels.get("nvidia.com/gpu.count"))
+                     - len(KubeAdapter._withdrawn(raw))),
             "boot_id": str((status.get("nodeInfo") or {}).get("bootID") or "") or None,
         }
 
@@ -1711,15 +1712,32 @@ class KubeAdapter:
         if effect not in ("NoSchedule", "NoExecute"):
             raise KubePermanentError(f"withdraw_gpu: effect must be NoSchedule or NoExecute, not {effect!r}")
         if self.gpu_allocation_mode() == "dra":
-            return self._taint_device(node, gpu, effect, value)
+            return self._with_record(node, gpu, self._taint_device(node, gpu, effect, value), withdrawn=True)
         return self._withdraw_on_node(node, gpu, value)
 
     def restore_gpu(self, node: str, gpu: GpuRef) -> Change:
         """Undo ``withdraw_gpu``: delete our DeviceTaintRule for the device (never one we did not create), or
         take the GPU off the node's withdrawn list and remove our node taint with the last one."""
         if self.gpu_allocation_mode() == "dra":
-            return self._untaint_device(node, gpu)
+            return self._with_record(node, gpu, self._untaint_device(node, gpu), withdrawn=False)
         return self._restore_on_node(node, gpu)
+
+    def _with_record(self, node: str, gpu: GpuRef, c: Change, *, withdrawn: bool) -> Change:
+        """DRA: keep the node's ``gpu-remediator.io/withdrawn-gpus`` list (our record of what is out, which the
+        node summary's ``gpus_allocatable`` reads, there being no device-plugin allocatable) in step with our
+        DeviceTaintRules; a rule that is not ours changes nothing."""
+        if c.after.get("ours") is False:
+            return c
+
+        def decide(raw: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+            have = self._withdrawn(raw)
+            want = sorted({*have, gpu.key}) if withdrawn else [k for k in have if k != gpu.key]
+            if want == have:
+                return None, ""
+            return {"metadata": {"annotations": {WITHDRAWN_GPUS_ANNOTATION: json.dumps(want) if want else None}}}, ""
+
+        _, after, changed, _ = self._mutate_node(node, decide)
+        return Change(c.changed or changed, c.before, {**c.after, "withdrawn_gpus": self._withdrawn(after)}, c.detail)
 
     def _device_or_fail(self, node: str, gpu: GpuRef) -> dict[str, str]:
         dev = self.find_gpu_device(node, gpu)
@@ -1784,7 +1802,8 @@ class KubeAdapter:
             return Change(False, {"mode": "dra", "rule": None}, {"mode": "dra", "rule": None},
                           f"DeviceTaintRule {name} is already gone")
         if _labels(have).get(MANAGED_BY_LABEL) != COMPONENT:
-            return Change(False, {"mode": "dra", "rule": name, "ours": False}, {"mode": "dra", "rule": name},
+            return Change(False, {"mode": "dra", "rule": name, "ours": False},
+                          {"mode": "dra", "rule": name, "ours": False},
                           f"DeviceTaintRule {name} is not ours; left as it is")
         with contextlib.suppress(NotFound):
             self._request("DELETE", path, body={"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {

@@ -140,7 +140,7 @@ def test_dra_withdrawal_taints_exactly_that_device_and_the_scheduler_honours_it(
 
     with adapter(dra) as a:
         r = a.restore_gpu(NODE, GpuRef(index=1))
-        assert r.changed and r.after == {"mode": "dra", "rule": None}
+        assert r.changed and r.after == {"mode": "dra", "rule": None, "withdrawn_gpus": []}
     assert not state.pending_pods() and set(state.gpus_in_use(NODE)) == set(range(8))
 
 
@@ -230,10 +230,16 @@ def test_device_plugin_mode_never_puts_noexecute_on_the_node(plugin: Sim) -> Non
     assert [t["effect"] for t in plugin.state.taints(NODE)] == ["NoSchedule"] and uids(plugin.state) == before
 
 
-def test_node_summary_counts_dra_gpus_from_the_feature_discovery_label(dra: Sim) -> None:
+def test_node_summary_counts_dra_gpus_from_the_feature_discovery_label_less_those_withdrawn(dra: Sim) -> None:
     with adapter(dra) as a:
         n = a.get_node(NODE)
-    assert (n["gpus"], n["gpus_allocatable"]) == (8, 8)
+        assert (n["gpus"], n["gpus_allocatable"]) == (8, 8)
+        c = a.withdraw_gpu(NODE, GpuRef(index=2))
+        assert c.after["withdrawn_gpus"] == ["index-2"]
+        assert a.get_node(NODE)["gpus_allocatable"] == 7  # what the budget guard and the reconciler read
+        assert a.restore_gpu(NODE, GpuRef(index=2)).after["withdrawn_gpus"] == []
+        assert a.get_node(NODE)["gpus_allocatable"] == 8
+    assert WITHDRAWN_GPUS_ANNOTATION not in (dra.state.node(NODE)["metadata"].get("annotations") or {})
 
 
 
