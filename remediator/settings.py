@@ -587,7 +587,8 @@ class Settings(BaseSettings):
     )
     gpu_operand_timeout_s: float = _in(
         "executor", default=300.0, gt=0, le=3600,
-        description="How long a GPU reset waits for the operands' pods to leave the node before it is refused.",
+        description="How long a GPU reset waits for the operands' pods to leave the node before it is refused (at "
+                    "most half the reset step's timeout).",
     )
 
     @field_validator("http")
