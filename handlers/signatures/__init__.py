@@ -20,7 +20,8 @@ A component reporting that it skipped or ignored an event is never a signal.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from itertools import islice
 from typing import TYPE_CHECKING, BinaryIO
@@ -36,7 +37,7 @@ from handlers.signatures.dcgm import (
     node_from_alert_labels,
     signal_from_alert,
 )
-from handlers.signatures.framing import frame
+from handlers.signatures.framing import frame_records
 from handlers.signatures.kernel import classify_kernel, gpu_identity, is_skip_report
 from handlers.signatures.model import Signal, json_fields, unwrap_line
 
@@ -51,6 +52,7 @@ __all__ = [
     "PREFILTER",
     "Alert",
     "LineScanner",
+    "Record",
     "Signal",
     "alerts_in_payload",
     "anchored_lines",
@@ -258,8 +260,17 @@ def _parser(rules: RuleSet | None) -> Callable[[str], Signal | None]:
     return parse
 
 
-def _scan_block(block: bytes, first_line: int, rules: RuleSet | None = None) -> Iterator[tuple[int, Signal]]:
-    """Signals in ``block`` (whole lines, UTF-8), numbered from ``first_line``; records framed (``framing``)."""
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One signal and the lines its record spans (0-based, ``start`` to ``end`` inclusive, within one block)."""
+
+    start: int
+    end: int
+    signal: Signal
+
+
+def _block_records(block: bytes, rules: RuleSet | None = None) -> Iterator[Record]:
+    """The records in ``block`` (whole lines, UTF-8), framed (``framing``); indices are the block's lines."""
     indices, n = _rules_prefilter(rules).lines(skeleton(block))
     if not indices:
         return
@@ -267,8 +278,14 @@ def _scan_block(block: bytes, first_line: int, rules: RuleSet | None = None) -> 
     literals = _literals(rules.anchors()) if rules and rules.signatures else None
     raw = lines.raw
     silent = {i for i in indices if _silent(raw(i), literals)}
-    for index, sig in frame(lines, indices, _parser(rules), complete=_whole_record, silent=silent):
-        yield first_line + index, sig
+    for start, end, sig in frame_records(lines, indices, _parser(rules), complete=_whole_record, silent=silent):
+        yield Record(start, end, sig)
+
+
+def _scan_block(block: bytes, first_line: int, rules: RuleSet | None = None) -> Iterator[tuple[int, Signal]]:
+    """Signals in ``block`` (whole lines, UTF-8), numbered from ``first_line``; records framed (``framing``)."""
+    for rec in _block_records(block, rules):
+        yield first_line + rec.start, rec.signal
 
 
 class LineScanner:
@@ -305,6 +322,30 @@ class LineScanner:
                     if sig is not None:
                         yield n + k, sig
             n += len(chunk)
+
+    def records(self, lines: Sequence[str]) -> list[Record]:
+        """The records among ``lines`` (each one line, no newline): 0-based start and end indices and the signal.
+
+        What the agent's watchers use: the same prefilter, framing and parsers (operator signatures included)
+        as ``remediator classify``, with the span of each record so its first line names the event and its
+        lines are reported once. An item with an embedded newline makes every item be judged alone.
+        """
+        if not lines:
+            return []
+        text = "\n".join(lines)
+        if text.count("\n") == len(lines) - 1:
+            return list(_block_records(text.encode("utf-8", "replace"), self.rules))
+        parse = _parser(self.rules)
+        out = []
+        for k, ln in enumerate(lines):
+            sig = parse(ln) if has_anchor(ln) or self.rules else None
+            if sig is not None:
+                out.append(Record(k, k, sig))
+        return out
+
+    def records_bytes(self, data: bytes) -> list[Record]:
+        """The records in raw bytes (lines split at ``\\n``, UTF-8, undecodable bytes replaced)."""
+        return list(_block_records(data, self.rules))
 
     def scan_text(self, text: str, start: int = 1) -> Iterator[tuple[int, Signal]]:
         """Scan ``text`` (newline-separated lines); line numbers count from ``start``."""

@@ -87,7 +87,16 @@ def frame(lines: Sequence[str], anchored: Sequence[int], parse: Parse,
           split: frozenset[int] = frozenset(),
           complete: Callable[[str], bool] | None = None,
           silent: AbstractSet[int] = frozenset()) -> Iterator[tuple[int, Signal]]:
-    """``(0-based index, Signal)`` for the records among ``lines``, in order.
+    """``(0-based index, Signal)`` for the records among ``lines``, in order (``frame_records`` without ends)."""
+    for start, _end, sig in frame_records(lines, anchored, parse, split, complete, silent):
+        yield start, sig
+
+
+def frame_records(lines: Sequence[str], anchored: Sequence[int], parse: Parse,
+                  split: frozenset[int] = frozenset(),
+                  complete: Callable[[str], bool] | None = None,
+                  silent: AbstractSet[int] = frozenset()) -> Iterator[tuple[int, int, Signal]]:
+    """``(first index, last index, Signal)`` for the records among ``lines``, in order (0-based, inclusive).
 
     ``anchored`` are the indices of the lines holding an anchor (ascending); ``split`` the indices of lines
     to join to the next without a separator (a caller that knows where a word was cut); ``parse`` judges one
@@ -122,17 +131,17 @@ def frame(lines: Sequence[str], anchored: Sequence[int], parse: Parse,
                 joined = parse(join((msg(i - 1), msg(i))))
                 if joined is not None and (joined.kind, joined.code) == (sig.kind, sig.code):
                     consumed = i
-                    yield i - 1, joined
+                    yield i - 1, i, joined
                     continue
             end = _table_tail(msg, i, n, anchored_set, alone)
             if end > i:  # a table row whose cell goes on in the continuation rows below it
                 joined = parse(join([msg(k) for k in range(i, end + 1)]))
                 if joined is not None and joined.kind == sig.kind:
                     consumed = end
-                    yield i, joined
+                    yield i, end, joined
                     continue
             consumed = i
-            yield i, sig
+            yield i, i, sig
             continue
         if complete is not None and complete(lines[i]):
             continue
@@ -143,15 +152,15 @@ def frame(lines: Sequence[str], anchored: Sequence[int], parse: Parse,
             if i > 0 and i - 1 not in anchored_set and _continues_at(lines, msg, i):
                 whole = parse(join([msg(k) for k in range(i - 1, end + 1)]))
                 if whole is not None and (whole.kind, whole.code) == (s.kind, s.code):
-                    yield i - 1, whole  # the record started on the line before the anchor
+                    yield i - 1, end, whole  # the record started on the line before the anchor
                     continue
-            yield i, s
+            yield i, end, s
             continue
         if i > consumed + 1 and i - 1 not in anchored_set and _continues_at(lines, msg, i):
             back = parse(join((msg(i - 1), msg(i))))
             if back is not None:
                 consumed = i
-                yield i - 1, back
+                yield i - 1, i, back
 
 
 def _continues_at(lines: Sequence[str], msg: Callable[[int], str], k: int) -> bool:

@@ -2,8 +2,9 @@
 
 Where it sits: first stage of the agent's kernel path. A source (``KmsgDeviceSource`` for the character
 device, ``TextFileSource`` for a file that grows; ``journal.JournalSource`` for ``journalctl``) yields
-``KernelLine``s; ``KernelLogWatcher`` runs the shared signature parsers (``handlers.signatures``, the same
-code ``remediator classify`` uses) over them, learns PCI -> UUID from the driver's identity lines, turns
+``KernelLine``s; ``KernelLogWatcher`` runs the shared scanner (``handlers.signatures.LineScanner``: prefilter,
+framing of records split over lines, the family parsers and the operator's added signatures -- the path
+``remediator classify`` takes) over each batch, learns PCI -> UUID from the driver's identity lines, turns
 every signal into a ``FaultEvent`` and hands the batch to the publisher. It never groups or suppresses:
 every kernel line carrying an Xid becomes one event of kind ``xid``, for a GPU the agent knows or not.
 
@@ -34,7 +35,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from handlers.signatures import classify_line, gpu_identity
+from handlers.rules import RuleSet
+from handlers.signatures import LineScanner, Signal, classify_line, gpu_identity
 from remediator.agent.events import (
     Clock,
     EventSink,
@@ -270,8 +272,9 @@ class KernelLogWatcher:
 
     def __init__(self, source: KernelSource, *, node: str, sink: EventSink, gpus: GpuDirectory,
                  state: StateStore, clock: Clock = utcnow, state_name: str | None = None,
-                 retry_s: float = 1.0) -> None:
+                 retry_s: float = 1.0, rules: Callable[[], RuleSet | None] = lambda: None) -> None:
         self.source = source
+        self.rules = rules  # the operator rules in force (their added signatures are tried too)
         self.node = node
         self.sink = sink
         self.gpus = gpus
@@ -298,49 +301,66 @@ class KernelLogWatcher:
         self.state.save(self.state_name, {"source": self.source.position(), "identities": self.gpus.to_json()})
 
     def to_events(self, lines: Sequence[KernelLine]) -> list[FaultEvent]:
-        """One event per line that carries a GPU signal; identity lines only teach the directory."""
+        """One event per record that carries a GPU signal; identity lines only teach the directory.
+
+        The batch goes through the same scanner as ``remediator classify`` (``LineScanner.records``: anchors,
+        framing, the family parsers and the operator's added signatures): a record split over lines is one
+        event, named by its first line, with the record's lines as its message.
+        """
         out: list[FaultEvent] = []
-        for line in lines:
+        texts = [line.text for line in lines]
+        records = {r.start: r for r in LineScanner(rules=self.rules()).records(texts)}
+        consumed = -1
+        for i, line in enumerate(lines):
             text = line.text
             if "NVRM" in text:
                 ident = gpu_identity(text)
                 if ident is not None:
                     self.gpus.learn(ident[0], ident[1])
-            sig = classify_line(text)
-            if sig is None:
+            if i <= consumed:
+                continue  # a later line of a record already reported
+            rec = records.get(i)
+            if rec is None:
                 if "NVRM" in text:
                     self._context.append(text)
                 else:
                     self._context.clear()
                 continue
+            sig = rec.signal
+            if rec.end > i:
+                consumed = rec.end
+                text = "\n".join(texts[i:rec.end + 1])
             if sig.pci_bus_id is None and sig.kind != "xid" and self._context:
                 joined_text = "\n".join([*self._context, text])
                 joined = classify_line(joined_text)
                 if joined is not None and joined.pci_bus_id is not None:
                     sig, text = joined, joined_text
             self._context.clear()
-            if sig.kind == "xid":
-                if sig.xid is None:
-                    continue
-                code: int | str | None = sig.xid
-            else:
-                code = sig.code
-            pci = sig.pci_bus_id
-            if pci is None and line.dictionary.get("DEVICE", "").startswith("+pci:"):
-                pci = line.dictionary["DEVICE"][5:]
-            labels = {"source": line.source, **detail_labels(sig.detail, _KERNEL_LABEL_KEYS)}
-            if line.seq is not None:
-                labels["kmsg_seq"] = str(line.seq)
-            if sig.playbook:
-                labels["suggested_playbook"] = sig.playbook
-            event = make_event(
-                event_id=f"agent|{self.node}|{line.key}", node=self.node, kind=sig.kind, code=code,
-                gpu=self.gpus.ref(pci, sig.gpu_uuid, sig.gpu_index), message=text, labels=labels,
-                clock=self.clock, is_fatal=sig.is_fatal, recommended_action=sig.action,
-                observed_at=line.observed_at)
+            event = self._event(line, sig, text)
             if event is not None:
                 out.append(event)
         return out
+
+    def _event(self, line: KernelLine, sig: Signal, text: str) -> FaultEvent | None:
+        if sig.kind == "xid":
+            if sig.xid is None:
+                return None
+            code: int | str | None = sig.xid
+        else:
+            code = sig.code
+        pci = sig.pci_bus_id
+        if pci is None and line.dictionary.get("DEVICE", "").startswith("+pci:"):
+            pci = line.dictionary["DEVICE"][5:]
+        labels = {"source": line.source, **detail_labels(sig.detail, _KERNEL_LABEL_KEYS)}
+        if line.seq is not None:
+            labels["kmsg_seq"] = str(line.seq)
+        if sig.playbook:
+            labels["suggested_playbook"] = sig.playbook
+        return make_event(
+            event_id=f"agent|{self.node}|{line.key}", node=self.node, kind=sig.kind, code=code,
+            gpu=self.gpus.ref(pci, sig.gpu_uuid, sig.gpu_index), message=text, labels=labels,
+            clock=self.clock, is_fatal=sig.is_fatal, recommended_action=sig.action,
+            observed_at=line.observed_at)
 
     async def run(self) -> None:
         """Read, classify, hand on, persist; forever (cancel to stop)."""

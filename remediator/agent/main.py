@@ -26,6 +26,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from handlers.rules import RulesSource
 from remediator.agent.commands import CommandResponder
 from remediator.agent.events import Clock, GpuDirectory, submit_when_room
 from remediator.agent.host import GpuBackend, GpuSnapshot, HostRunner, PodResourcesView, PodView, RunResult
@@ -41,6 +42,7 @@ from remediator.agent.spool import DEFAULT_MAX_BYTES, Spool
 from remediator.agent.state import DEFAULT_BOOT_ID_PATH, StateStore, read_boot_id
 from remediator.bus import Credentials, verify_capture
 from remediator.contracts import FaultEvent, utcnow
+from remediator.rules_watch import watch_rules
 from remediator.signing import TrustSet, load_signer, local_signer
 from remediator.subjects import FAULTS_STREAM, faults_subject
 
@@ -94,6 +96,10 @@ class AgentConfig:
     # None: <state_dir>/identity/agent.nk, made once. Its public key is what the executor must find in KV.
     signing_seed_file: Path | str | None = None
     trust_keys: tuple[str, ...] = ()  # the service's public keys whose commands this agent runs
+    # The operator rules YAML (handlers.rules): its added signatures run in the log scanners, reloaded while
+    # the agent runs (the same file and setting, REMEDIATOR_RULES_FILE, that serve reads).
+    rules_file: Path | str | None = None
+    rules_poll_s: float = 5.0
 
 
 class _NoHost:
@@ -167,6 +173,7 @@ class Agent:
         self.podlogs: PodLogScanner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
+        self.rules = RulesSource(config.rules_file)
         self._started = False
 
     def boot_id(self) -> str:
@@ -214,6 +221,9 @@ class Agent:
                                    repeat=timedelta(seconds=min(60.0, cfg.memtrend_window_s)),
                                    max_processes=cfg.memtrend_max_processes))
             self.responder.memory_check = self.memtrend.check
+        if cfg.rules_file:
+            self.rules.load()  # RulesError (every FILE:LINE problem) stops the start, as it stops serve's
+            self._spawn("rules", lambda: watch_rules(self.rules, self._stopped, cfg.rules_poll_s))
         sources: list[KernelSource] = []
         if cfg.kmsg_path:
             sources.append(open_kernel_source(cfg.kmsg_path, boot_id=self.boot_id,
@@ -224,11 +234,11 @@ class Agent:
         for source in sources:
             self.kernel_watchers.append(KernelLogWatcher(source, node=self.node, sink=self.publisher,
                                                          gpus=self.directory, state=self.state,
-                                                         clock=self.clock))
+                                                         clock=self.clock, rules=self.rules.current))
         if cfg.pod_logs_dir:
             self.podlogs = PodLogScanner(cfg.pod_logs_dir, node=self.node, sink=self.publisher, state=self.state,
                                          clock=self.clock, poll_interval_s=cfg.podlog_poll_interval_s,
-                                         rescan_interval_s=cfg.podlog_rescan_s)
+                                         rescan_interval_s=cfg.podlog_rescan_s, rules=self.rules.current)
         self._spawn("bus", self.link.run)
         self._spawn("replay", self.publisher.replay)
         self._spawn("refusal-reports", lambda: self.refusals.run(self.link))

@@ -4,17 +4,19 @@ Where it sits: the agent's workload path, beside the kernel-log watcher. It foll
 ``<root>/<namespace>_<pod>_<uid>/<container>/<N>.log`` (the kubelet's ``/var/log/pods`` layout; rotation
 by the kubelet is followed through ``follow.FileFollower``), parses the CRI format
 ``<time> <stdout|stderr> <F|P> <message>`` (``P`` parts are joined up to the closing ``F``), and runs the
-shared signature parsers over the messages. Each signal of kind ``nccl_timeout``, ``nccl_error``,
-``cuda_error``, ``cuda_oom`` or ``job_failure`` becomes a ``FaultEvent`` with labels ``namespace``,
-``pod``, ``pod_uid``, ``container``, ``job`` and ``rank`` and whatever the line itself said (``seq``,
-``op_type``, ``timeout_ms``, ``peer``, ...). Its ``origin`` is the pod the log path names (namespace, pod,
-UID, container), which the agent knows for certain; the ``job`` label below is a guess and stays a label.
+shared scanner over the messages (``handlers.signatures.LineScanner``: the prefilter, framing of records split
+over lines, the family parsers and the operator's added signatures -- the path ``remediator classify`` takes).
+Each signal of kind ``nccl_timeout``, ``nccl_error``, ``cuda_error``, ``cuda_oom`` or ``job_failure`` becomes a
+``FaultEvent`` with labels ``namespace``, ``pod``, ``pod_uid``, ``container``, ``job`` and ``rank`` and whatever
+the line itself said (``seq``, ``op_type``, ``timeout_ms``, ``peer``, ...). Its ``origin`` is the pod the log
+path names (namespace, pod, UID, container), which the agent knows for certain; the ``job`` label below is a
+guess and stays a label.
 
 Cost: a verbose job log is mostly lines that can carry no signal (``NCCL INFO`` chatter, progress lines).
-The chunk read from a file goes through the signature prefilter as one byte string
-(``handlers.signatures.anchored_lines``: one ``bytes.translate`` and a ``bytes.find`` loop per anchor), so a
-line without an anchor is never decoded or parsed; only chunks with partial (``P``) lines take the
-line-by-line path, where ``classify_line`` applies the same prefilter to each joined message.
+The chunk read from a file goes through the scanner as one byte string (one ``bytes.translate`` and one
+Aho-Corasick pass, ``handlers.signatures.prefilter``), so a line without an anchor is never decoded or parsed;
+only chunks with partial (``P``) lines are split into messages first (the ``P`` parts joined), which then take
+the same scanner.
 
 ``job`` and ``rank``, in order of precedence: what the log line says (``[Rank 3]``), a ``labels.json``
 (``{"job": ..., "rank": ...}``) in the pod's log directory (the simulated node writes one), then the pod
@@ -29,14 +31,16 @@ import json
 import logging
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from handlers.signatures import anchored_lines, classify_line
+from handlers.rules import RuleSet
+from handlers.signatures import LineScanner, Signal
+from handlers.signatures.prefilter import line_offsets
 from remediator.agent.events import Clock, EventSink, detail_labels, make_event, submit_when_room
 from remediator.agent.follow import Chunk, FileFollower
 from remediator.agent.state import StateStore
@@ -106,8 +110,9 @@ class PodLogScanner:
 
     def __init__(self, root: Path | str, *, node: str, sink: EventSink, state: StateStore,
                  clock: Clock = utcnow, poll_interval_s: float = 0.5, rescan_interval_s: float = 5.0,
-                 retry_s: float = 1.0) -> None:
+                 retry_s: float = 1.0, rules: Callable[[], RuleSet | None] = lambda: None) -> None:
         self.root = Path(root)
+        self.rules = rules  # the operator rules in force (their added signatures are tried too)
         self.node = node
         self.sink = sink
         self.state = state
@@ -191,15 +196,23 @@ class PodLogScanner:
 
     def _scan_chunk(self, tracked: _Tracked, chunk: Chunk, out: list[FaultEvent]) -> None:
         data = chunk.data
+        scanner = LineScanner(rules=self.rules())
         if not tracked.partial and b" P " not in data:
-            anchored = anchored_lines(data)
-            if not anchored:
+            # the whole chunk through the scanner at once (CRI prefixes are unwrapped by the parsers); only the
+            # lines of a record are split out, located without splitting the chunk
+            records = scanner.records_bytes(data)
+            if not records:
                 return
-            offsets = [0, *accumulate(len(line) + 1 for line in data.split(b"\n"))]
-            for index, line in anchored:
-                cri = _CRI_RE.match(line)
-                self._emit(tracked, chunk, chunk.start + offsets[index], line[cri.end():] if cri else line, out)
+            starts = line_offsets(data, [r.start for r in records])
+            for rec, start in zip(records, starts, strict=True):
+                end = start
+                for _ in range(rec.end - rec.start + 1):
+                    nl = data.find(b"\n", end)
+                    end = len(data) if nl < 0 else nl + 1
+                msgs = [self._message(raw) for raw in data[start:end].rstrip(b"\n").split(b"\n")]
+                self._emit(tracked, chunk, chunk.start + start, "\n".join(msgs), rec.signal, out)
             return
+        messages: list[tuple[int, str]] = []  # (offset of the first part, the message with P parts joined)
         for offset, line in chunk.lines():
             cri = _CRI_RE.match(line)
             if cri is None:
@@ -216,12 +229,20 @@ class PodLogScanner:
                 msg = b"".join(tracked.partial) + msg
                 start = tracked.partial_start if tracked.partial_start is not None else offset
                 tracked.partial, tracked.partial_start, tracked.partial_file = [], None, None
-            self._emit(tracked, chunk, start, msg, out)
+            messages.append((start, msg.decode("utf-8", errors="replace")))
+        texts = [m for _, m in messages]
+        for rec in scanner.records(texts):
+            self._emit(tracked, chunk, messages[rec.start][0], "\n".join(texts[rec.start:rec.end + 1]), rec.signal,
+                       out)
 
-    def _emit(self, tracked: _Tracked, chunk: Chunk, offset: int, msg: bytes, out: list[FaultEvent]) -> None:
-        text = msg.decode("utf-8", errors="replace")
-        sig = classify_line(text)
-        if sig is None or sig.kind not in POD_KINDS:
+    @staticmethod
+    def _message(raw: bytes) -> str:
+        cri = _CRI_RE.match(raw)
+        return (raw[cri.end():] if cri else raw).decode("utf-8", errors="replace")
+
+    def _emit(self, tracked: _Tracked, chunk: Chunk, offset: int, text: str, sig: Signal,
+              out: list[FaultEvent]) -> None:
+        if sig.kind not in POD_KINDS:
             return
         labels = dict(tracked.labels)
         labels.update(detail_labels(sig.detail))

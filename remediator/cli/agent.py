@@ -22,6 +22,8 @@ from typing import Any
 
 import click
 
+from handlers.rules import RulesError, load_rules
+
 DEFAULT_STATE_DIR = "/var/lib/gpu-remediator/agent"
 AGENT_STOP_S = 15.0  # after SIGTERM/SIGINT the agent exits within this, stopped cleanly or not
 
@@ -92,6 +94,8 @@ AGENT_STOP_S = 15.0  # after SIGTERM/SIGINT the agent exits within this, stopped
               type=click.Path(dir_okay=False, exists=True),
               help="Seed or .creds file of the key replies are signed with (default: <state>/identity/agent.nk, "
                    "made once).")
+@click.option("--rules", "rules_file", envvar="REMEDIATOR_RULES_FILE", default=None, metavar="FILE",
+              help="Operator rules YAML: its added signatures run in the log scanners (reloaded on change).")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def agent(node: str, nats_url: str, creds_file: str | None, identity_url: str | None,
@@ -102,7 +106,7 @@ def agent(node: str, nats_url: str, creds_file: str | None, identity_url: str | 
           proc_root: str,
           kubelet_pods_dir: str, trust_keys: tuple[str, ...], signing_seed_file: str | None,
           log_level: str, pod_resources: str | None = None, check: bool = False, as_json: bool = False,
-          **memtrend: Any) -> None:
+          rules_file: str | None = None, **memtrend: Any) -> None:
     """The node agent: kernel-log Xid watcher, NVML poller, container-log scanner, orphan check and
     command responder for one node, publishing to faults.agent.<node> (spooling while NATS is down)."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
@@ -116,6 +120,12 @@ def agent(node: str, nats_url: str, creds_file: str | None, identity_url: str | 
         raise click.UsageError(f"--pod-logs {pod_logs}: no such directory (container logs are /var/log/pods)")
     if pod_resources is not None and not check:
         _usable_socket(pod_resources)
+    if rules_file is not None:
+        try:
+            load_rules(rules_file)
+        except RulesError as exc:
+            click.echo(f"remediator agent: {exc}", err=True)
+            sys.exit(2)
     if not (kmsg_path or journal or nvml or sim_gpus or pod_logs) and not check:
         raise click.UsageError("nothing to watch: pass --kmsg PATH, --journal, --nvml, --pod-logs DIR "
                                "or --sim-gpus N")
@@ -133,6 +143,7 @@ def agent(node: str, nats_url: str, creds_file: str | None, identity_url: str | 
         "signing_seed_file": signing_seed_file or creds_file, "creds_file": creds_file,
         "trust_keys": tuple(k for entry in trust_keys for k in entry.replace(",", " ").split()),
         "pod_resources_socket": _pod_resources_socket(pod_resources, state_dir if sim_gpus else None),
+        "rules_file": rules_file,
         "kubelet_pods_dir": kubelet_pods_dir,
     }
     options.update({k: v for k, v in memtrend.items() if k.startswith("memtrend_")})
