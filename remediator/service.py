@@ -98,6 +98,9 @@ def default_actor() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
+# parts that end once their work is done; any other part ending stops the service
+ONE_SHOT_TASKS = frozenset({"gpu-allocation"})
+
 @dataclass
 class Service:
     """One replica. ``start`` returns once HTTP is listening and the consumers run; ``stop`` drains them."""
@@ -289,11 +292,18 @@ class Service:
     async def wait(self) -> None:
         """Until a part fails (re-raised) or ``stop`` is called."""
         stopper = asyncio.create_task(self._stop.wait())
-        done, _ = await asyncio.wait([*self._tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
-        stopper.cancel()
-        for t in done:
-            if t is not stopper and t.exception() is not None:
-                raise t.exception()  # type: ignore[misc]
+        waiting = {*self._tasks, stopper}
+        try:
+            while True:
+                done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                for t in done:
+                    if t is not stopper and t.exception() is not None:
+                        raise t.exception()  # type: ignore[misc]
+                # a one-shot part that finished its work (gpu-allocation) does not stop the service
+                if stopper in done or any(t.get_name() not in ONE_SHOT_TASKS for t in done):
+                    return
+        finally:
+            stopper.cancel()
 
     async def stop(self) -> None:
         """Stop every part that was started; idempotent (a second call waits for the first). Each step is
