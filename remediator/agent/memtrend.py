@@ -312,8 +312,7 @@ class MemoryTrend:
         now = self.clock()
         self._last = now
         self.samples += 1
-        holders = self.pod_resources.gpu_holders if self.pod_resources is not None else None
-        gpus, procs = samples_of(snapshots, self.pods, holders)
+        gpus, procs = samples_of(snapshots, self.pods, self._holders(snapshots))
         new, findings = observe(self.state, gpus, procs, now, self.policy)
         self._pending = new
         boot = self.boot_id()
@@ -332,8 +331,7 @@ class MemoryTrend:
         no process. A process with no baseline yet, or a GPU whose processes cannot be read, is not judged."""
         if snap.lost or snap.processes is None:
             return []
-        holders = self.pod_resources.gpu_holders if self.pod_resources is not None else None
-        gpus, procs = samples_of([snap], self.pods, holders)
+        gpus, procs = samples_of([snap], self.pods, self._holders([snap]))
         p = self.policy
         out = []
         for s in procs:
@@ -349,6 +347,22 @@ class MemoryTrend:
                     g.used_bytes - g.reserved_bytes >= p.no_owner_bytes:
                 out.append(f"{_mib(g.used_bytes - g.reserved_bytes)} of framebuffer held by no process")
         return out
+
+    def _holders(self, snapshots: Sequence[GpuSnapshot]
+                 ) -> Callable[[GpuIdentity], tuple[GpuHolder, ...] | None] | None:
+        """Who holds each GPU, asked once per sample (the kubelet's ``List`` answers for every GPU at once,
+        where the view can: ``KubeletHolders.holder_map``), and only when some GPU runs a process."""
+        src = self.pod_resources
+        if src is None or not any(s.processes for s in snapshots):
+            return None
+        every = getattr(src, "holder_map", None)
+        if callable(every):
+            found = every([s.identity for s in snapshots])
+            if found is None:
+                return None
+            of: Callable[[GpuIdentity], tuple[GpuHolder, ...] | None] = found.of
+            return of
+        return src.gpu_holders
 
     def _event(self, f: Finding, boot: str) -> FaultEvent | None:
         gpu = GpuRef(index=f.gpu.index, uuid=f.gpu.uuid, pci_bus_id=f.gpu.pci_bus_id)
