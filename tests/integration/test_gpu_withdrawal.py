@@ -295,3 +295,19 @@ def test_the_device_taint_rule_version_is_the_newest_the_server_offers(plugin: S
         assert len(asked) == 3  # read once
     finally:
         a.close()
+
+
+def test_the_driver_publishes_the_uuids_and_pci_ids_the_gpu_node_reports(tmp_path: Path) -> None:
+    from chaos.sim.gpu_node import SimGpuNode
+
+    state = seed_cluster(1, gpu_allocation="dra", gpu_pods_per_node=2)
+    sim = SimGpuNode(tmp_path / "gpu-node-0", name="gpu-node-0", gpus=8)
+    try:
+        state.attach_gpu_node("gpu-node-0", sim)
+        (s,) = state.list_objects("resourceslices")
+        attrs = [d["attributes"] for d in s["spec"]["devices"]]
+        assert [a["uuid"]["string"] for a in attrs] == sim.device_ids()
+        assert [a["pcieBusID"]["string"] for a in attrs] == [sim.gpu_state(i)["pci"] for i in range(8)]
+        assert [d["name"] for d in s["spec"]["devices"]] == [f"gpu-{i}" for i in range(8)]
+    finally:
+        sim.close()
