@@ -46,8 +46,9 @@ _RANK_RE = re.compile(
     re.IGNORECASE,
 )
 _RANK_PREFIX_RE = re.compile(r"\[rank(?P<rank>\d+)\]", re.IGNORECASE)
-# Open MPI's --tag-output prefix "[1,0]<stderr>:" (job, rank).
-_MPI_RANK_RE = re.compile(r"^\s*\[\d+,(?P<rank>\d+)\]<std(?:out|err)>", re.IGNORECASE)
+# Open MPI's --tag-output prefix "[1,0]<stderr>:" (job, rank); SageMaker's "[1,mpirank:0,algo-1]<stdout>:"; a
+# Markdown tick or quote before it where the line was pasted.
+_MPI_RANK_RE = re.compile(r"^[\s`>]*\[\d+,(?:mpirank:)?(?P<rank>\d+)(?:,[^\]]*)?\]<std(?:out|err)>", re.IGNORECASE)
 _WORK_RE = re.compile(r"WorkNCCL\s*\((?P<body>[^()]*(?:\([^()]*\)[^()]*)*)\)", re.IGNORECASE)
 _KV_RE = re.compile(r"(\w+(?:\(ms\))?)\s*=\s*([^,\s)]+(?:\[[^\]]*\])?)")
 _RAN_FOR_RE = re.compile(r"ran\s+for\s+(\d+)\s+milliseconds", re.IGNORECASE)

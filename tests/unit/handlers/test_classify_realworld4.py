@@ -41,6 +41,13 @@ CASES: list[tuple[str, Expect, str]] = [
      GH + "aws/aws-ofi-nccl/issues/927"),
     ("init.cc:290 NCCL WARN Attempt to use communicator before the previous operation returned ncclSuccess",
      K("nccl_error"), GH + "aws/aws-ofi-nccl/issues/927"),
+    # --- aws-ofi-nccl behind Open MPI's --tag-output rank prefix, and its pre-NCCL-tag format -------------------
+    ("`[1,13]<stdout>:nccl-tests-worker-1:35:89 [5] ofi_process_cq:1039 NCCL WARN NET/OFI Request 0x7fbb944701b8 completed with error. RC: 20. Error: unknown error. Completed length: 0, Request: { buffer_index: 255, dev: 1, size: 0, state: CREATED, direction: SEND }",
+     K("nccl_error"), GH + "aws/aws-ofi-nccl/issues/156 (the Markdown tick is the reporter's)"),
+    ("[1,23]<stdout>:ip-172-32-45-165:72593:73427 [7] create_nccl_ofi_component:459 NCCL WARN NET/OFI Couldn't open AV. RC: -22, ERROR: Invalid argument",
+     K("nccl_error"), GH + "aws/aws-ofi-nccl/issues/24"),
+    ("WARN: Function: create_nccl_ofi_component Line: 459: NET/OFI Couldn't open AV. RC: -22, ERROR: Invalid argument",
+     K("nccl_error"), GH + "aws/aws-ofi-nccl/issues/22 (nccl_message_transfer, 2019)"),
     # --- "invalid usage" as XLA's ROCm build and Horovod report it -------------------------------------------
     ("RCCL operation ncclGetUniqueId(&id) failed: invalid usage", K("nccl_error"),
      "find_string id 68854717750 (a MaxText-on-ROCm runbook quoting the training log)"),
@@ -77,6 +84,13 @@ CASES: list[tuple[str, Expect, str]] = [
      GH + "awslabs/awsome-distributed-ai/issues/185 (sinfo -R)"),
     ("[1,mpirank:0,algo-1]<stdout>:algo-1:79:1300 [0] NCCL INFO Launch mode Parallel", NONE,
      "find_string id 544493407 (SageMaker mpirun output: NCCL INFO behind an MPI rank prefix)"),
+    ("[1,13]<stderr>:libfabric:35:1668017255::efa:cq:rxr_cq_write_tx_error():243<warn> rxr_cq_write_tx_error: err: 20, prov_err: Not a directory (20)`",
+     NONE, GH + "aws/aws-ofi-nccl/issues/156 (libfabric's own line; the NCCL WARN above it is the signal)"),
+    ("[1,26]<stdout>:ip-172-32-36-209:8716:9558 [2] NCCL INFO Ring 00 : 26[2] -> 30[6] via P2P/IPC", NONE,
+     GH + "aws/aws-ofi-nccl/issues/24"),
+    ("[1,31]<stdout>:ip-172-32-36-209:8800:9549 [7] NCCL INFO include/net.h:24 -> 2", NONE,
+     GH + "aws/aws-ofi-nccl/issues/24"),
+    ("INFO: Function: ofi_init Line: 686: NET/OFI Selected Provider is efa", NONE, GH + "aws/aws-ofi-nccl/issues/22"),
     ("kp-ddp-worker-0:3468:3905 [4] NCCL INFO transport/net.cc:1302 -> 6", NONE,
      GH + "NVIDIA/nccl/issues/1405 (the return-code trace after a WARN)"),
     ("algo-1:17778:17848 [5] NCCL INFO NCCL_IB_DISABLE set by environment to 1.", NONE,
@@ -155,6 +169,8 @@ def test_details_that_the_handlers_use() -> None:
     assert slurm.code == "slurm_gres_gpu_count_low" and slurm.playbook is None
     assert (slurm.detail["gpus_found"], slurm.detail["gpus_configured"]) == (0, 8)
     assert _sig("state to INVAL").detail["slurm_node"] == "nodegpu1"
+    assert _sig("[1,13]<stdout>").detail["rank"] == 13 and _sig("[1,13]<stdout>").detail["ofi_request_failed"] is True
+    assert _sig("[1,23]<stdout>").detail["rank"] == 23
     ds = _sig("exits with return code = -9")
     assert ds.code == "SIGKILL" and ds.detail["local_rank"] == 1 and ds.detail["reporter"] == "deepspeed.launcher"
 

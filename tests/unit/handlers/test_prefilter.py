@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chaos.bench.classify import _noise, _signal, bench_rules
-from handlers.signatures import _BANCHORS, _literals, _parse, _silent, _whole_record, has_anchor
+from handlers.signatures import _BANCHORS, _literals, _parse, _silent, _whole_record, classify_line, has_anchor
 from handlers.signatures.prefilter import BlockLines, Prefilter, line_offsets, prefilter, skeleton, skeleton_anchor
 
 
@@ -119,3 +119,17 @@ def test_a_line_holding_an_operator_anchor_is_never_silent() -> None:
     chatter = b"host:1:2 [0] NCCL INFO Using network IB cudaDev 0"
     assert _silent(chatter, lits)
     assert not _silent(chatter + b" mlx5_0: Port 1 link down", lits)
+
+
+# Constructed lines (not from a fleet): what the anchors added for the old NCCL format, Slurm and DeepSpeed also
+# catch in ordinary output, and which the parsers must then let go.
+@pytest.mark.parametrize("line", [
+    "src/foo.c:12:3: warning: unused variable 'x' [-Wunused-variable]",
+    "kernel.cu(42): warning #177-D: variable declared but never referenced",
+    "include/config.h:7 WARNING: deprecated option",
+    "UserWarning: TypedStorage is deprecated. It will be removed in the future and UntypedStorage will be the only one",
+    "Reason=gres/gpu count reported lower than configured (8 < 8)",
+    "[2024-01-03 14:05:36,716] [INFO] [launch.py:347:main] Process 2726715 exits with return code = 0",
+])
+def test_lines_the_new_anchors_catch_but_that_are_no_fault(line: str) -> None:
+    assert classify_line(line) is None
