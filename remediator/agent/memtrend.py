@@ -44,6 +44,7 @@ from typing import Any, Literal
 
 from remediator.agent.events import Clock, make_event
 from remediator.agent.host import GpuHolder, GpuIdentity, GpuSnapshot, PodResourcesView, PodView
+from remediator.agent.orphans import find_orphans
 from remediator.agent.state import StateStore
 from remediator.contracts import FaultEvent, GpuRef, Origin, utcnow
 
@@ -327,8 +328,9 @@ class MemoryTrend:
 
     def check(self, snap: GpuSnapshot) -> list[str]:
         """The health check's ``memory`` verdict on a fresh snapshot of one GPU: each process against its
-        baseline (its own, else its container's: a restarted pod is judged at once), and framebuffer held by
-        no process. A process with no baseline yet, or a GPU whose processes cannot be read, is not judged."""
+        baseline (its own, else its container's: a restarted pod is judged at once), framebuffer held by no
+        process, and processes whose pod is gone (``remediator.agent.orphans``). A process with no baseline
+        yet, or a GPU whose processes cannot be read, is not judged."""
         if snap.lost or snap.processes is None:
             return []
         gpus, procs = samples_of([snap], self.pods, self._holders([snap]))
@@ -346,6 +348,9 @@ class MemoryTrend:
             if g.process_count == 0 and g.used_bytes is not None and \
                     g.used_bytes - g.reserved_bytes >= p.no_owner_bytes:
                 out.append(f"{_mib(g.used_bytes - g.reserved_bytes)} of framebuffer held by no process")
+        if self.pods is not None:  # memory is not back while a process outlives its pod (an unkillable orphan)
+            out += [f"pid {o.pid} holds {_mib(o.used_bytes or 0)} after its pod {o.pod_uid} is gone"
+                    for o in find_orphans([snap], self.pods)]
         return out
 
     def _holders(self, snapshots: Sequence[GpuSnapshot]

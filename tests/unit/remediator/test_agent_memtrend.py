@@ -274,3 +274,17 @@ def test_ownerless_memory_reported_by_the_agent_becomes_a_decision_after_orphan_
     (cleared,) = trend.sample([GpuSnapshot(identity=GPU, memory_used=300 * MIB, memory_total=80 * GIB,
                                            memory_reserved=300 * MIB, processes=())])
     assert cleared.is_healthy and cleared.code == "fb_no_owner"
+
+
+class _Gone(_Pods):
+    def running_pod_uids(self) -> frozenset[str] | None:
+        return frozenset()
+
+
+def test_the_memory_check_fails_while_a_process_outlives_its_pod(tmp_path: Path) -> None:
+    clock = _Clock()
+    trend = MemoryTrend(node="gpu-node-0", state=StateStore(tmp_path), boot_id=lambda: "b", pods=_Gone({100: "uid-1"}),
+                        pod_resources=None, policy=POLICY, clock=clock)
+    (why,) = trend.check(_snap(3 * GIB))
+    assert "pid 100" in why and "uid-1 is gone" in why
+    assert _trend(tmp_path / "running", clock).check(_snap(3 * GIB)) == []
