@@ -177,3 +177,23 @@ async def test_the_bundled_nats_runs_the_services_accounts_and_holds_an_agent_to
                 files["gpu-remediator-nats-agent-signer"], "--account", doc["account"])
     assert made.returncode == 0, made.stderr
     assert await _refusal(url, user_credentials=str(forged)) is not None
+
+
+def test_bus_operator_is_stable_across_runs_and_prints_no_secret(tmp_path: Path) -> None:
+    first = _cli("bus", "operator", "--data-dir", str(tmp_path / "op"), "--json")
+    again = _cli("bus", "operator", "--data-dir", str(tmp_path / "op"), "--json")
+    assert first.returncode == again.returncode == 0, first.stderr + again.stderr
+    one, two = json.loads(first.stdout), json.loads(again.stdout)
+    for key in ("operator", "system_account", "account", "agents_signing_key", "service_key"):
+        assert one[key] == two[key], key  # what was issued from it stays valid
+    out = Path(one["out"])
+    assert (out.stat().st_mode & 0o777) == 0o700
+    secrets = [creds.read_seed(out / "service" / "user.creds").seed.decode(),
+               creds.read_seed(out / "admin" / "user.creds").seed.decode(),
+               (out / "agent-signer" / "seed").read_text().strip(), (out / "signing" / "seed").read_text().strip()]
+    for run in (first, again):
+        for seed in secrets:
+            assert seed and seed not in run.stdout + run.stderr
+    for s in one["secrets"].values():
+        assert (Path(s["file"]).stat().st_mode & 0o777) == 0o600
+    assert "kubectl -n NAMESPACE create secret generic gpu-remediator-nats-auth" in first.stderr
