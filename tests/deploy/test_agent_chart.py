@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import helm_python
 import pytest
 
 from remediator.cli.agent import agent as agent_command
@@ -173,3 +174,16 @@ def test_the_image_holds_what_the_agent_runs_and_leaves_the_driver_to_the_runtim
     names = {d.split(">")[0].split("=")[0].split("[")[0].strip() for d in deps}
     assert {"nvidia-ml-py", "grpcio", "protobuf"} <= names
     assert "utility" in env(container(_ds()))["NVIDIA_DRIVER_CAPABILITIES"].split(",")
+
+
+@pytest.mark.parametrize("values", [
+    {"agent": {"memoryTrend": {"intervalS": 30, "windowS": 1200, "warmupS": 120, "factor": 1, "maxProcesses": 8}}},
+    {"agent": {"memoryTrend": {"intervalS": 30, "windowS": 1200, "warmupS": 120, "factor": 1.3,
+                               "maxProcesses": 0}}},
+    {"agent": {"memoryTrend": {"intervalS": 30, "windowS": 1200, "warmupS": 120, "factor": 1.3,
+                               "maxProcesses": 8, "windw": 5}}},
+    {"agent": {"driverCapabilities": "all; rm -rf /"}},
+], ids=["factor-1-is-no-growth", "no-processes", "typo", "capabilities-not-a-list"])
+def test_the_values_schema_refuses_agent_values_the_agent_would_refuse(values: dict[str, Any]) -> None:
+    with pytest.raises(helm_python.HelmValuesError):
+        render(values)
