@@ -324,6 +324,9 @@ class MemoryTrend:
         if self._pending is None:
             return
         self.state, self._pending = self._pending, None
+        # a report counter outlives its process only until the next commit (bounded by what is tracked)
+        self._counts = {k: v for k, v in self._counts.items()
+                        if not k.startswith("growth|") or k.removeprefix("growth|") in self.state.processes}
         self.store.save(STATE_NAME, {"boot_id": self.boot_id(), "counts": self._counts, **_dump(self.state)})
 
     def check(self, snap: GpuSnapshot) -> list[str]:
