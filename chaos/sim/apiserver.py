@@ -403,6 +403,11 @@ class ApiServer:
                 bound = self.s.obj("pods", *key)
                 if bound is not None:
                     self.s.remove(BY_PLURAL["pods"], bound)
+            # the garbage collector: the node's ResourceSlices are owned by it (DRA)
+            for key in self.s.sorted_keys("resourceslices"):
+                rs = self.s.obj("resourceslices", *key)
+                if rs is not None and any(r.get("uid") == uid for r in rs["metadata"].get("ownerReferences") or []):
+                    self.s.remove(BY_PLURAL["resourceslices"], rs)
         elif rt.plural == "namespaces":
             for other in RESOURCES:
                 if other.namespaced:

@@ -15,7 +15,8 @@ What it does, as Kubernetes does it:
   ``gpu.nvidia.com``, pool = the node's name, devices ``gpu-<minor>`` with the attributes the driver sets
   (``type``, ``uuid``, ``productName``, ``brand``, ``architecture``, ``driverVersion``, ``pcieBusID`` …,
   plus ``index``/``minor`` as earlier driver releases set them) and ``memory`` capacity. UUIDs are those of
-  the simulated GPU node once one is attached (``refresh``).
+  the simulated GPU node once one is attached (``ClusterState.attach_gpu_node``). A slice is owned by its
+  Node and goes with it (``ApiServer.delete_now``).
 - The resourceclaim controller: a pod naming a ``resourceClaimTemplateName`` gets a ResourceClaim
   ``<pod>-<claim>-<5 chars>`` owned by the pod (annotation ``resource.kubernetes.io/pod-claim-name``) and
   listed in ``pod.status.resourceClaimStatuses``; it goes with the pod (garbage collection), and a claim no

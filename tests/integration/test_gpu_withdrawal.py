@@ -311,3 +311,8 @@ def test_the_driver_publishes_the_uuids_and_pci_ids_the_gpu_node_reports(tmp_pat
         assert [d["name"] for d in s["spec"]["devices"]] == [f"gpu-{i}" for i in range(8)]
     finally:
         sim.close()
+
+
+def test_a_deleted_node_takes_its_resource_slices_with_it(dra: Sim) -> None:
+    dra.state.delete("nodes", "gpu-node-1")
+    assert [s["spec"]["nodeName"] for s in dra.state.list_objects("resourceslices")] == [NODE]
