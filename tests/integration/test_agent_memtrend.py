@@ -77,6 +77,9 @@ async def test_a_leak_is_reported_with_its_pod_and_verified_back_after_a_restart
         back = await command(nc, NODE, AgentCommand(id="hc-3", verb="health_check", gpu=GpuRef(index=0),
                                                      params={"checks": ["memory"]}))
         assert back.ok, back.detail
+        status = await command(nc, NODE, AgentCommand(id="st-1", verb="status"))
+        trend = status.after["memory_trend"]
+        assert trend["samples"] > 5 and trend["processes"] == 1 and trend["containers"] == 1
     finally:
         await agent.stop()
 
