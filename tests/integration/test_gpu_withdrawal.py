@@ -316,3 +316,17 @@ def test_the_driver_publishes_the_uuids_and_pci_ids_the_gpu_node_reports(tmp_pat
 def test_a_deleted_node_takes_its_resource_slices_with_it(dra: Sim) -> None:
     dra.state.delete("nodes", "gpu-node-1")
     assert [s["spec"]["nodeName"] for s in dra.state.list_objects("resourceslices")] == [NODE]
+
+
+def test_the_kubelet_reports_dra_allocations_as_podresources_dynamic_resources(dra: Sim) -> None:
+    name, uid = holder_of(dra.state, 0)
+    (pod,) = [p for p in dra.state.pod_resources(NODE) if p["name"] == name]
+    (claim,) = dra.state.claims_of(TRAINING_NAMESPACE, name)
+    assert pod["uid"] == uid and claim["metadata"]["ownerReferences"][0]["uid"] == uid
+    assert pod["containers"] == [{"name": "trainer", "devices": [], "dynamic_resources": [{
+        "claim_name": claim["metadata"]["name"], "claim_namespace": TRAINING_NAMESPACE,
+        "claim_resources": [{"driver_name": "gpu.nvidia.com", "pool_name": NODE, "device_name": f"gpu-{i}",
+                             "cdi_devices": [{"name": f"k8s.gpu.nvidia.com/device=gpu-{i}"}]} for i in (0, 1)]}]}]
+    assert claim["status"]["reservedFor"] == [{"resource": "pods", "name": name, "uid": uid}]
+    dra.state.evict(TRAINING_NAMESPACE, name)
+    assert claim["metadata"]["name"] not in {c["metadata"]["name"] for c in dra.state.list_objects("resourceclaims")}
