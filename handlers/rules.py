@@ -48,6 +48,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -220,9 +221,15 @@ class RuleSet:
         """The prefilter anchors of the added signatures."""
         return tuple(s.anchor for s in self.signatures)
 
+    @cached_property
+    def _anchor_re(self) -> re.Pattern[str]:
+        return re.compile("|".join(re.escape(a) for a in self.anchors()) or "(?!)")
+
     def signal(self, text: str) -> tuple[UserSignature, Signal, tuple[int, int]] | None:
         """The first added signature that matches the unwrapped line ``text``."""
         low = text.lower()
+        if self._anchor_re.search(low) is None:
+            return None  # no signature's literal is on the line: one search instead of one per signature
         for sig in self.signatures:
             hit = sig.match(text, low)
             if hit is not None:

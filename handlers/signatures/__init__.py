@@ -109,7 +109,12 @@ def _rules_prefilter(rules: RuleSet | None) -> Prefilter:
     """The prefilter for the built-in anchors and, when ``rules`` add signatures, theirs too."""
     if not rules or not rules.signatures:
         return prefilter(_BANCHORS)
-    return prefilter(_BANCHORS + tuple(sorted({rule_anchor(a) for a in rules.anchors()} - {b""})))
+    return prefilter(_with_rule_anchors(rules.anchors()))
+
+
+@lru_cache(maxsize=32)
+def _with_rule_anchors(literals: tuple[str, ...]) -> tuple[bytes, ...]:
+    return _BANCHORS + tuple(sorted({rule_anchor(a) for a in literals} - {b""}))
 
 
 def has_anchor(text: str) -> bool:
@@ -269,9 +274,15 @@ class Record:
     signal: Signal
 
 
-def _block_records(block: bytes, rules: RuleSet | None = None) -> Iterator[Record]:
-    """The records in ``block`` (whole lines, UTF-8), framed (``framing``); indices are the block's lines."""
+def _block_records(block: bytes, rules: RuleSet | None = None, lines_seen: list[int] | None = None
+                   ) -> Iterator[Record]:
+    """The records in ``block`` (whole lines, UTF-8), framed (``framing``); indices are the block's lines.
+
+    ``lines_seen`` (when given) receives the block's number of lines, which the prefilter counted anyway.
+    """
     indices, n = _rules_prefilter(rules).lines(skeleton(block))
+    if lines_seen is not None:
+        lines_seen.append(n)
     if not indices:
         return
     lines = BlockLines(block, dict(zip(indices, line_offsets(block, indices), strict=True)), n)
@@ -372,8 +383,10 @@ class LineScanner:
                 rest += data
                 continue
             complete = rest + data[:cut] if rest else data[:cut]
-            yield from _scan_block(complete, line_no, self.rules)
-            line_no += complete.count(b"\n") + 1
+            seen: list[int] = []
+            for rec in _block_records(complete, self.rules, seen):
+                yield line_no + rec.start, rec.signal
+            line_no += seen[0]
             rest = data[cut + 1:]
         if rest:
             yield from self.scan_bytes(rest, line_no)
