@@ -193,8 +193,16 @@ CHART_SECRETS = {
                    "mints every identity). Running again loads them, so what was issued stays valid.")
 @click.option("--out", "out", default=None, type=click.Path(file_okay=False, path_type=Path),
               help="Where to write what the chart's Secrets hold (default: DIR/chart).")
+@click.option("--revoke", "revoke", multiple=True, metavar="UKEY",
+              help="Revoke every JWT issued so far to this user public key (U…; repeatable): written into the "
+                   "account JWT (auth.conf) and, with --push, into the running servers.")
+@click.option("--push", "push_url", default=None, metavar="URL",
+              help="Push the account JWT to the running servers' full resolver ($SYS.REQ.CLAIMS.UPDATE, as a "
+                   "system-account user kept in DIR/identity): revocations and key changes apply without a "
+                   "restart.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written and the public keys as JSON.")
-def operator(data_dir: Path, out: Path | None, as_json: bool) -> None:
+def operator(data_dir: Path, out: Path | None, revoke: tuple[str, ...], push_url: str | None,
+             as_json: bool) -> None:
     """Make (or load) a NATS operator, system account and remediator account for a production bus, and
     write what the Helm chart needs: auth.conf (operator JWT, system account, resolver_preload — the
     bundled NATS includes it), the service and admin .creds, the agents' scoped signing key and the
@@ -210,6 +218,8 @@ def operator(data_dir: Path, out: Path | None, as_json: bool) -> None:
     now = datetime.now(UTC)
     try:
         store = OperatorStore.open(data_dir / "identity")
+        for user in revoke:
+            store.revoke(user, now=now)
         keys.write_secret(out / "auth.conf", store.auth_config(now=now))
         for role in ("service", "admin"):
             src = store.role_creds(role, now=now)
@@ -222,14 +232,45 @@ def operator(data_dir: Path, out: Path | None, as_json: bool) -> None:
             folder.chmod(0o700)
     except (IdentityError, OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
+    pushed = None
+    if push_url is not None:
+        from remediator.cli.edges import bounded
+
+        pushed = bounded(_push_account(push_url, store, now), 30, f"pushing the account JWT to {bus_redact(push_url)}")
     doc = {"out": str(out), "operator": store.operator.public_key, "system_account": store.system.public_key,
+           "revoked": sorted(store.revocations), "pushed": pushed,
            "account": store.account.public_key, "agents_signing_key": store.agents_key.public_key,
            "service_key": signer.public_key,
            "secrets": {name: {"key": key, "file": str(out / rel)} for name, (key, rel) in CHART_SECRETS.items()}}
     if as_json:
         click.echo(json.dumps(doc))
     click.echo(f"wrote the chart's NATS identity to {out} (account {store.account.public_key})", err=True)
+    if revoke:
+        click.echo(f"revoked {len(revoke)} user key(s) in the account JWT (auth.conf: update the Secret "
+                   "gpu-remediator-nats-auth too, for servers started later)", err=True)
+    if pushed is not None:
+        click.echo(f"pushed the account JWT to {bus_redact(push_url or '')}: {pushed}", err=True)
     for name, (key, rel) in CHART_SECRETS.items():
         click.echo(f"  kubectl -n NAMESPACE create secret generic {name} --from-file={key}={out / rel}", err=True)
     click.echo(f"  helm values: --set nats.account={store.account.public_key} "
                f"--set identity.trustKeys={{{signer.public_key}}}", err=True)
+
+
+async def _push_account(url: str, store: Any, now: datetime) -> str:
+    """Send the account JWT to the servers' full resolver; their answer, or ``ClickException``."""
+    from remediator import bus as bus_mod
+
+    system = bus_mod.Credentials(creds_file=str(store.system_creds(now=now)))
+    nc, _js = await bus_mod.connect_within(url, 10, name="remediator-bus-operator", credentials=system,
+                                           quiet=True, allow_reconnect=False, max_reconnect_attempts=0)
+    try:
+        msg = await nc.request("$SYS.REQ.CLAIMS.UPDATE", store.account_jwt(now).encode(), timeout=10)
+    finally:
+        await nc.close()
+    try:
+        answer = json.loads(msg.data)
+    except ValueError:
+        raise click.ClickException(f"the servers answered the account update with {msg.data[:200]!r}") from None
+    if answer.get("error"):
+        raise click.ClickException(f"the servers refused the account update: {answer['error']}")
+    return str((answer.get("data") or {}).get("message") or "updated")

@@ -132,6 +132,20 @@ class OperatorStore:
               ttl: timedelta | None = None) -> Issued:
         return self.issuer().issue(role, node=node, now=now, ttl=ttl)
 
+    def system_creds(self, *, now: datetime) -> Path:
+        """A ``.creds`` file of a user of the system account (made on first use, mode 0600, kept in this
+        store only) that may do one thing: push account JWTs to the servers' full resolver
+        (``$SYS.REQ.CLAIMS.UPDATE``, ``remediator bus operator --push``) and read the answer."""
+        path = self.creds_path("system")
+        if not path.exists():
+            user = keys.create("user")
+            claims = jwt.user_claims(user.public_key, name="remediator-claims-push", iat=int(now.timestamp()),
+                                     exp=None, issuer_account=None,
+                                     permissions={"pub": {"allow": ["$SYS.REQ.CLAIMS.UPDATE"]},
+                                                  "sub": {"allow": ["_INBOX.>"]}}, tags=["role:system-push"])
+            creds.write(path, jwt.encode(claims, self.system), user)
+        return path
+
     def revoke(self, user_public_key: str, *, now: datetime) -> None:
         """Refuse every JWT of ``user_public_key`` issued before ``now`` (takes effect when the server
         loads the account JWT again: ``EmbeddedNats.reload``)."""

@@ -75,7 +75,7 @@ def operator_bus(tmp_path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """(URL, ``bus operator --json`` document) of a nats-server running the chart-like configuration."""
     made = _cli("bus", "operator", "--data-dir", str(tmp_path / "op"), "--json")
     assert made.returncode == 0, made.stderr
-    doc = json.loads(made.stdout)
+    doc = {**json.loads(made.stdout), "data_dir": str(tmp_path / "op")}
     port = free_port()
     config = chart_like_config(tmp_path / "root", Path(doc["secrets"]["gpu-remediator-nats-auth"]["file"]), port)
     proc = subprocess.Popen([find_nats_server(), "-c", str(config)], stdout=subprocess.DEVNULL,
@@ -170,6 +170,18 @@ async def test_the_bundled_nats_runs_the_services_accounts_and_holds_an_agent_to
         assert any('publish to "audit.gpu-node-1"' in e for e in errors), errors
     finally:
         await nc.close()
+
+    # revocation on the running servers, no restart: the account JWT pushed to their full resolver
+    assert await _refusal(url, user_credentials=str(agent)) is None
+    agent_key = creds.read_seed(agent).public_key
+    revoked = _cli("bus", "operator", "--data-dir", doc["data_dir"], "--revoke", agent_key, "--push", url, "--json")
+    assert revoked.returncode == 0, revoked.stderr
+    assert agent_key in json.loads(revoked.stdout)["revoked"]
+    deadline = time.monotonic() + 10
+    while await _refusal(url, user_credentials=str(agent)) is None:
+        assert time.monotonic() < deadline, "the revoked agent is still admitted"
+        await asyncio.sleep(0.2)
+    assert await _refusal(url, user_credentials=files["gpu-remediator-nats-service"]) is None  # others unaffected
 
     # the scoped key mints agents only: a service role it signed is refused by the servers
     forged = tmp_path / "forged-service.creds"
