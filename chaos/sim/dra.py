@@ -35,7 +35,8 @@ What it does, as Kubernetes does it:
 Deliberate simplifications: a DeviceClass's CEL selector is not evaluated; the class selects the devices of
 the driver its expression names (``device.driver == '<driver>'``). Only ``exactly`` requests with
 ``ExactCount`` (or ``All``) are served; ``firstAvailable``, admin access, partitionable devices and
-DeviceTaintRule ``status`` conditions are not modelled.
+DeviceTaintRule ``status`` conditions are not modelled; a pod created with ``spec.nodeName`` (past the
+scheduler) whose claims are not allocated starts without devices, where a real kubelet would hold it back.
 """
 
 from __future__ import annotations
