@@ -463,7 +463,7 @@ class Settings(BaseSettings):
     )
     rules_file: str | None = _in(
         "handlers", default=None,
-        description="Operator rules YAML (added signatures, decision overrides); reloaded while serve runs.",
+        description="Operator rules YAML (added signatures, decision overrides); serve and the agent reload it.",
     )
     rules_poll_s: float = _in(
         "handlers", default=5.0, gt=0, description="How often serve checks the rules file for changes."
