@@ -6,6 +6,7 @@ restart keeps the baselines."""
 from __future__ import annotations
 
 import asyncio
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from remediator.agent.main import Agent
 from remediator.contracts import AgentCommand, GpuRef
 from remediator.natsd import EmbeddedNats
 
-from .agent_support import TRUST, command, provisioned, until, wait_for_events
+from .agent_support import TRUST, agent_cli, build_nvml_stub, command, fault_events, provisioned, until, wait_for_events
 
 NODE = "gpu-node-2"
 FAST: dict[str, Any] = {"nvml_interval_s": 0.1, "memtrend_interval_s": 0.2, "memtrend_warmup_s": 0.4,
@@ -121,3 +122,58 @@ async def test_framebuffer_held_by_no_process_is_reported_and_cleared(nats_serve
     finally:
         await agent.stop()
         await nc.close()
+
+
+async def test_the_cli_agent_on_nvml_reports_a_leak_and_ownerless_memory(nats_server: EmbeddedNats,
+                                                                        tmp_path: Path) -> None:
+    """The production path: ``remediator agent --nvml`` on the stub libnvidia-ml (per-process memory from
+    nvmlDeviceGetComputeRunningProcesses, the reserve from memory info v2), the PID's pod from its cgroup."""
+    nc, js = await provisioned(nats_server.url)
+    lib = build_nvml_stub(tmp_path)
+    state = tmp_path / "nvml.state"
+    uid = "5e5e5e5e-1111-2222-3333-444444444444"
+    cgroup = tmp_path / "proc" / "4242" / "cgroup"
+    cgroup.parent.mkdir(parents=True)
+    cgroup.write_text(f"0::/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/cri-containerd-ab.scope\n")
+    (tmp_path / "kubelet" / uid).mkdir(parents=True)
+
+    def gpus(proc_bytes: int) -> None:
+        text = ("count=2\ngpu0.uuid=GPU-aaaaaaaa-0000-0000-0000-000000000000\ngpu0.pci=00000000:3B:00.0\n"
+                f"gpu0.procs=4242:{proc_bytes}\ngpu0.mem_used={proc_bytes + (512 << 20)}\n"
+                f"gpu0.mem_reserved={512 << 20}\n"
+                "gpu1.uuid=GPU-bbbbbbbb-0000-0000-0000-000000000000\ngpu1.pci=00000000:5D:00.0\n"
+                f"gpu1.mem_used={6 * GIB}\ngpu1.mem_reserved={512 << 20}\n")
+        tmp = state.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(state)  # the stub reads the file on every call: never half of it
+
+    gpus(10 * GIB)
+    proc = agent_cli(["--node", "nvml-node", "--nats", nats_server.url, "--nvml", "--interval", "0.1",
+                      "--memtrend-interval", "0.2", "--memtrend-warmup", "0.4", "--memtrend-window", "1",
+                      "--state", str(tmp_path / "agent"), "--proc-root", str(tmp_path / "proc"),
+                      "--kubelet-pods-dir", str(tmp_path / "kubelet"), "--trust-key", TRUST[0]],
+                     env={"NVML_STUB_STATE": str(state), "REMEDIATOR_NVML_LIBRARY": str(lib)},
+                     log=tmp_path / "agent.log")
+    try:
+        await asyncio.sleep(2.0)  # the baseline is taken after the warm-up
+        for step in range(1, 60):
+            gpus(10 * GIB + step * GIB)
+            events = await fault_events(js, "nvml-node")
+            if any(e.code == "process_growth" for e in events):
+                break
+            assert proc.poll() is None, (tmp_path / "agent.log").read_text()[-2000:]
+            await asyncio.sleep(0.2)
+        events = await wait_for_events(js, "nvml-node", lambda ev: any(e.code == "fb_no_owner" for e in ev)
+                                       and any(e.code == "process_growth" for e in ev))
+        (leak,) = [e for e in events if e.code == "process_growth"]
+        assert leak.labels["pid"] == "4242" and leak.labels["pod_uid"] == uid and leak.origin.pod_uid == uid
+        assert leak.gpu is not None and leak.gpu.pci_bus_id == "0000:3b:00.0"
+        assert int(leak.labels["process_used_bytes"]) >= 1.3 * int(leak.labels["baseline_bytes"])
+        held = [e for e in events if e.code == "fb_no_owner"]
+        assert held[0].gpu is not None and held[0].gpu.index == 1
+        assert (held[0].labels["used_bytes"], held[0].labels["reserved_bytes"]) == (str(6 * GIB), str(512 << 20))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+        await nc.close()
+    assert proc.returncode == 0, (tmp_path / "agent.log").read_text()[-2000:]
