@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from handlers.signatures import LineScanner, classify_line, has_anchor
+from handlers.signatures.explain import explain
 from remediator.cli.classify import classify_text
 from tests.unit.handlers.test_classify_realworld import NONE, Expect, K, _check, _row
 
@@ -169,6 +170,7 @@ def test_details_that_the_handlers_use() -> None:
     assert slurm.code == "slurm_gres_gpu_count_low" and slurm.playbook is None
     assert (slurm.detail["gpus_found"], slurm.detail["gpus_configured"]) == (0, 8)
     assert _sig("state to INVAL").detail["slurm_node"] == "nodegpu1"
+    assert explain(next(x for x, _, _ in CASES if "(0 < 8)" in x), slurm)["rule"] == "builtin:sched"
     assert _sig("[1,13]<stdout>").detail["rank"] == 13 and _sig("[1,13]<stdout>").detail["ofi_request_failed"] is True
     assert _sig("[1,23]<stdout>").detail["rank"] == 23
     ds = _sig("exits with return code = -9")
