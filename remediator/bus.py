@@ -445,12 +445,14 @@ async def _ensure_bucket(js: JetStreamContext, bucket: str, *, history: int, ttl
     try:
         info = await js.stream_info(stream)
     except NotFoundError:
+        # direct: a key's read is a direct get any replica answers, not a request to the stream leader's API
         await js.create_key_value(js_api.KeyValueConfig(
-            bucket=bucket, history=history, ttl=ttl_s, storage=js_api.StorageType.FILE, replicas=replicas))
+            bucket=bucket, history=history, ttl=ttl_s, storage=js_api.StorageType.FILE, replicas=replicas,
+            direct=True))
         return [f"created KV bucket {bucket} (history {history}" + (f", ttl {ttl_s:g}s" if ttl_s else "")
                 + f", {replicas} replica(s))"]
-    want = js_api.StreamConfig(max_msgs_per_subject=history, max_age=float(ttl_s or 0))
-    diffs = _differences(want, info.config, ("max_msgs_per_subject", "max_age"))
+    want = js_api.StreamConfig(max_msgs_per_subject=history, max_age=float(ttl_s or 0), allow_direct=True)
+    diffs = _differences(want, info.config, ("max_msgs_per_subject", "max_age", "allow_direct"))
     kept, line = _replica_change("KV bucket", bucket, _replicas_of(info.config), replicas, lower)
     notes: list[str] = []
     if line and line.startswith("drift:"):
@@ -462,6 +464,7 @@ async def _ensure_bucket(js: JetStreamContext, bucket: str, *, history: int, ttl
     config = info.config
     config.max_msgs_per_subject = history
     config.max_age = float(ttl_s or 0)
+    config.allow_direct = True
     config.num_replicas = kept
     await js.update_stream(config)
     return [f"updated KV bucket {bucket}: {'; '.join(diffs)}", *notes]

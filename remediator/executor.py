@@ -214,10 +214,12 @@ class Executor:
         stored = StoredRun(runs, run or RunRecord(d.incident_id, d.node, pb.name, lease.owner), rev)
         run = stored.run
         run.owner = lease.owner
+        off = sorted(set(safety.GUARD_NAMES) - self.policy().enabled - set(safety.ALWAYS_ON))
         await audit.append("decision", ("resuming" if resumed else "received") + f" by {self.actor}: playbook "
                            f"{pb.name}" + (f", {len(run.order)} steps recorded" if resumed else ""),
-                           after={"playbook": pb.name, "resumed": resumed})
-        await stored.save()
+                           after={"playbook": pb.name, "resumed": resumed, **({"guards_off": off} if off else {})})
+        if run.guards_passed:  # else the guards' outcome is the first write of the run record
+            await stored.save()
         ctx = self._context(d, pb, audit)
 
         if not run.guards_passed:
@@ -359,7 +361,8 @@ class Executor:
                       attempts=attempts, pool_nodes=pool_nodes)
         result = await gate.evaluate(d, policy, facts, self.clock())
         for v in result.verdicts:
-            await self._verdict(audit, v)
+            if v.name in policy.enabled or v.name in safety.ALWAYS_ON:  # a guard that is off: the decision says so
+                await self._verdict(audit, v)
         if result.tripped is not None:
             stop = result.stop
             await audit.log.bind(replace(audit.context, node=CLUSTER_TOKEN)).append(

@@ -21,6 +21,7 @@ library's ``AuditPort`` has, so their records carry the incident's provenance as
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
@@ -29,6 +30,7 @@ from typing import Any
 from playbooks.schema import StepSpec
 from playbooks.steps import Skipped, StepContext, StepFailed, StepRegistry, placed_by_us
 from playbooks.steps import _taint_value as taint_value  # the one rule for the value of our taint
+from remediator.adapters.ratelimit import deadline
 from remediator.audit import IncidentAudit, step_after
 from remediator.contracts import AuditRecord, AuditWhat, Change, StepRecord
 from remediator.errors import PermanentError
@@ -83,7 +85,8 @@ class StepRunner:
         sctx = replace(ctx, records=dict(run.records), step_key=key, timeout_s=spec.timeout_s)
         fn = self.steps.get(spec.name).fn
         try:
-            res = await asyncio.wait_for(fn(sctx, spec.params), timeout=spec.timeout_s)
+            with deadline(time.monotonic() + spec.timeout_s):  # its Kubernetes requests stop with the step
+                res = await asyncio.wait_for(fn(sctx, spec.params), timeout=spec.timeout_s)
         # A TemporaryError (Kubernetes, an agent) propagates to settle, which naks with its delay; a
         # PermanentError (a drain that timed out, an unrestartable job) fails the step like StepFailed.
         except (StepFailed, PermanentError, TimeoutError) as e:
@@ -136,8 +139,10 @@ class StepRunner:
         with span(f"step {taint.key}", attributes={"remediator.step": taint.key, "remediator.step.name": taint.name,
                                                    "remediator.step.request": f"one with {cordon.key}"}) as sp:
             try:
-                changes: tuple[Change, Change] = await asyncio.wait_for(
-                    combined(ctx.node, key, value, effect), timeout=min(taint.timeout_s, cordon.timeout_s))
+                limit = min(taint.timeout_s, cordon.timeout_s)
+                with deadline(time.monotonic() + limit):
+                    changes: tuple[Change, Change] = await asyncio.wait_for(
+                        combined(ctx.node, key, value, effect), timeout=limit)
             except (StepFailed, PermanentError, TimeoutError):
                 sp.set_attribute("remediator.step.status", "retried-alone")
                 return False

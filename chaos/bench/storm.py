@@ -20,8 +20,8 @@ event to last run finished, when all did), ``cpu_ms_per_incident`` (CPU of this 
 executor, adapter and the publisher — over the run, per incident), ``api_requests_per_incident`` (requests
 the adapter sent, watches included, per incident), ``api_requests_by_lane``, ``rss_mb`` (``service``,
 ``simulator``, ``nats_server``: peak resident memory), ``nats_cpu_ms_per_incident``, ``sim_seed_s``,
-``load_average``, ``unfinished`` (incidents whose run did not finish within ``wait_s``, with their run
-record's status), ``outcomes``.
+``load_average``, ``unfinished`` (nodes whose run did not finish within ``wait_s``), ``outcomes``, ``failed_steps``
+(steps that failed, by step id: a drain a PodDisruptionBudget held past its timeout shows here).
 
 ``with_breaker`` (unless ``breaker_run`` is off): the default guards, ``cordoned, breaker_tripped,
 threshold``. The breaker must stop the storm after ``threshold`` quarantines; the rest are blocked
@@ -237,8 +237,12 @@ async def _one_run(nodes: int, failing: int, *, breaker: bool, progress: Progres
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
             outcomes: dict[str, int] = {}
+            failed_steps: dict[str, int] = {}
             for r in executor.results:
                 outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
+                for a in r.actions:
+                    if a.status == "failed":
+                        failed_steps[a.step] = failed_steps.get(a.step, 0) + 1
             kv = await js_x.key_value(STATE_BUCKET)
             done = {r.node for r in executor.results}
             runs = RunLog(kv)
@@ -296,6 +300,7 @@ async def _one_run(nodes: int, failing: int, *, breaker: bool, progress: Progres
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "unfinished": unfinished[:20],
         "outcomes": outcomes,
+        "failed_steps": failed_steps,
     }
 
 

@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Final
 
-__all__ = ["LANES", "LanedLimiter", "TokenBucket", "current_lane", "lane"]
+__all__ = ["LANES", "DeadlineExceeded", "LanedLimiter", "TokenBucket", "current_lane", "deadline", "lane"]
 
 LANES: Final = ("quarantine", "read", "bulk")
 _LANE: contextvars.ContextVar[str | None] = contextvars.ContextVar("kube_lane", default=None)
@@ -48,6 +48,27 @@ def lane(name: str) -> Iterator[None]:
         yield
     finally:
         _LANE.reset(token)
+
+
+_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("kube_deadline", default=None)
+
+
+class DeadlineExceeded(TimeoutError):
+    """A request's caller gave up (its step timed out) before the request got its token: it is not sent."""
+
+
+@contextlib.contextmanager
+def deadline(at: float) -> Iterator[None]:
+    """Requests of the block that are still waiting for a token at ``at`` (the limiter's clock, monotonic
+    seconds) are not sent: ``acquire`` raises ``DeadlineExceeded``. The executor sets it to a step's timeout,
+    so an adapter call the step stopped waiting for (``asyncio.wait_for`` cannot stop its thread) does not go
+    on acting after the step was recorded as failed. The earliest enclosing deadline wins."""
+    outer = _DEADLINE.get()
+    token = _DEADLINE.set(at if outer is None else min(at, outer))
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
 
 
 def current_lane(method: str) -> str:
@@ -194,7 +215,7 @@ class LanedLimiter:
 
     def acquire(self, lane_name: str = "bulk") -> float:
         """Take one token in lane ``lane_name``, waiting for this lane's turn and for the rate; returns the
-        seconds waited."""
+        seconds waited. ``DeadlineExceeded`` when an enclosing ``deadline`` passes first."""
         if lane_name not in self._queues:
             raise ValueError(f"unknown lane {lane_name!r}; lanes are {', '.join(LANES)}")
         ticket = _Ticket()
@@ -202,9 +223,13 @@ class LanedLimiter:
             start = self._clock()
             queue = self._queues[lane_name]
             queue.append(ticket)
+            limit = _DEADLINE.get()
             try:
                 while True:
                     self._refill(self._clock())
+                    if limit is not None and self._clock() >= limit:
+                        raise DeadlineExceeded(f"gave up waiting for the {lane_name} lane: the caller's deadline "
+                                               "passed")
                     if self._head() is ticket:
                         if self._tokens >= 1.0:
                             self._tokens -= 1.0
@@ -217,6 +242,8 @@ class LanedLimiter:
                             self._cond.notify_all()
                             return waited
                         delay = (1.0 - self._tokens) / self._rate
+                        if limit is not None:
+                            delay = max(0.0, min(delay, limit - self._clock()))
                         self._cond.release()  # the head sleeps for its token outside the lock
                         try:
                             self._sleep(delay)

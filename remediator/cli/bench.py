@@ -1,4 +1,4 @@
-"""``remediator bench ingest|classify|storm|agent``: benchmarks that print figures (DESIGN.md §10).
+"""``remediator bench ingest|classify|storm|dispatch|agent``: benchmarks that print figures (DESIGN.md §10).
 
 Where it sits: a thin CLI over the benchmarks beside the chaos harness; each lives in ``chaos.bench.<name>``
 and is imported only when run, so loading the CLI never loads the chaos package. With ``--json`` standard
@@ -77,6 +77,19 @@ def storm(nodes: int, failing: int, burst: bool, default_limits: bool, skip_brea
 
     _emit(asyncio.run(mod.run(nodes=nodes, failing=failing, progress=_progress, burst=burst,
                               default_limits=default_limits, breaker_run=not skip_breaker, wait_s=wait_s)), as_json)
+
+
+@bench.command("dispatch")
+@click.option("--events", default=20_000, show_default=True, type=click.IntRange(1, 2_000_000))
+@click.option("--nodes", default=2000, show_default=True, type=click.IntRange(1, 200_000))
+@click.option("--replicas", default=1, show_default=True, type=click.IntRange(1, 16),
+              help="Dispatcher replicas, each in its own process, sharing the durable consumer.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def dispatch(events: int, nodes: int, replicas: int, as_json: bool) -> None:
+    """Dispatch throughput: a backlog of mixed agent events on FAULTS drained by K replicas."""
+    from chaos.bench import dispatch as mod
+
+    _emit(asyncio.run(mod.run(events=events, nodes=nodes, replicas=replicas, progress=_progress)), as_json)
 
 
 @bench.command("agent")

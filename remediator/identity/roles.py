@@ -117,7 +117,8 @@ _EXECUTOR = (*_VERIFY, *_durable(S.REMEDIATIONS_STREAM, "executor"), *_kv(S.STAT
              "agent.*.cmd", *_AUDIT_APPEND, S.DEAD_LETTER_WILDCARD, *_ACCOUNT_INFO)
 # The auditor also reads, and only reads, the state bucket (the fleet page's safety ledger and approvals):
 # stream info and message get of KV_remediator-state; no $KV publish, so no write.
-_STATE_FOR_REVIEW = (f"$JS.API.STREAM.INFO.KV_{S.STATE_BUCKET}", f"$JS.API.STREAM.MSG.GET.KV_{S.STATE_BUCKET}")
+_STATE_FOR_REVIEW = (f"$JS.API.STREAM.INFO.KV_{S.STATE_BUCKET}", f"$JS.API.STREAM.MSG.GET.KV_{S.STATE_BUCKET}",
+                     f"$JS.API.DIRECT.GET.KV_{S.STATE_BUCKET}.>")  # the bucket answers reads by direct get
 _AUDITOR = (*_read_stream(S.AUDIT_STREAM), *_read_stream(_CHECKPOINT_STREAM), *_STATE_FOR_REVIEW, *_ACCOUNT_INFO)
 _OPERATOR = (*_kv(S.STATE_BUCKET), *_AUDIT_APPEND, *_read_stream(S.AUDIT_STREAM), *_ACCOUNT_INFO)
 

@@ -143,3 +143,28 @@ async def test_the_executor_takes_taint_and_cordon_in_one_request(nats_server: E
         # what the run leaves is known from the two step records, as before
         finished = [rec for rec in await r.audit_records("gpu-node-2") if rec.what == "playbook_finished"]
         assert finished[-1].after["left"]["ours"] == ["taint", "cordon"]
+
+
+async def test_a_step_that_timed_out_waiting_for_the_rate_limit_does_not_act_afterwards(
+        cluster: ClusterState, tmp_path: Path) -> None:
+    """The escalate step of the 750-node storm at the default limit: its requests waited behind the other
+    runs' drains longer than its timeout; ``asyncio.wait_for`` recorded it failed while the adapter's thread
+    went on and posted the escalation anyway. With the step's deadline on its requests they are never sent."""
+    import asyncio
+
+    from remediator.adapters.kube import ESCALATED_ANNOTATION, AsyncKube
+    from remediator.adapters.ratelimit import deadline
+
+    with KubeApiServer(cluster) as srv:
+        port = AsyncKube(KubeAdapter(str(srv.write_kubeconfig(tmp_path / "kubeconfig")), taint_key=TAINT_KEY,
+                                     qps=2, burst=1))
+        try:
+            port.sync.get_node("gpu-node-0")  # the burst is spent: each request now waits 0.5 s
+            with pytest.raises(TimeoutError):
+                with deadline(time.monotonic() + 0.3):
+                    await asyncio.wait_for(port.escalate("gpu-node-0", "gpu lost", "inc-1"), timeout=0.3)
+            await asyncio.sleep(2.0)  # long enough for an orphaned call to have gone through the limiter
+            assert ESCALATED_ANNOTATION not in (cluster.node("gpu-node-0")["metadata"].get("annotations") or {})
+            assert cluster.count("patch", "nodes") == 0 and cluster.count("create", "events") == 0
+        finally:
+            port.close()

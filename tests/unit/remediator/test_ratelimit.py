@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from remediator.adapters.ratelimit import LanedLimiter, TokenBucket, current_lane, lane
+from remediator.adapters.ratelimit import DeadlineExceeded, LanedLimiter, TokenBucket, current_lane, deadline, lane
 
 
 class FakeClock:
@@ -244,3 +244,17 @@ def test_lane_context_and_the_default_lane_of_a_method() -> None:
         pass
     with pytest.raises(ValueError):
         LanedLimiter(rate=1, burst=1).acquire("fast")
+
+
+def test_a_request_whose_deadline_passes_while_it_waits_is_never_sent() -> None:
+    clock = FakeClock()
+    limiter = LanedLimiter(rate=10, burst=1, clock=clock, sleep=clock.sleep)
+    limiter.acquire("bulk")  # the burst is spent: the next token is 0.1 s away
+    with deadline(clock.now + 0.05), pytest.raises(DeadlineExceeded):
+        limiter.acquire("bulk")
+    assert clock.slept == [pytest.approx(0.05)]  # it slept only up to its deadline
+    assert limiter.queued() == {"quarantine": 0, "read": 0, "bulk": 0}
+    assert limiter.taken()["bulk"] == 1
+    with deadline(clock.now + 10):  # a deadline far enough away changes nothing
+        limiter.acquire("bulk")
+    assert limiter.taken()["bulk"] == 2

@@ -1,0 +1,38 @@
+"""Each benchmark command touched by the fleet-scale work runs at a tiny size and prints its figures as
+top-level JSON keys (no figure is asserted: benchmarks print numbers, tests never time anything)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _bench(*args: str) -> dict[str, object]:
+    proc = subprocess.run([sys.executable, "-m", "remediator.cli", "bench", *args, "--json"], capture_output=True,
+                          text=True, timeout=220)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)  # stdout is exactly one JSON document
+    assert isinstance(doc, dict)
+    return doc
+
+
+def test_bench_dispatch_prints_its_keys() -> None:
+    doc = _bench("dispatch", "--events", "300", "--nodes", "30", "--replicas", "2")
+    for key in ("events_per_s", "cpu_ms_per_event", "nats_cpu_ms_per_event", "replicas"):
+        assert key in doc, doc
+    assert doc["replicas"] == 2 and doc["events"] == 300
+    assert sum(doc["handled_by_replica"]) >= 300  # type: ignore[arg-type]
+
+
+def test_bench_storm_prints_its_keys() -> None:
+    doc = _bench("storm", "--nodes", "12", "--failing", "4", "--burst", "--no-breaker-run", "--wait", "60")
+    for key in ("all_cordoned_s", "cordons_per_s", "p50_cordon_latency_s", "p99_cordon_latency_s",
+                "cpu_ms_per_incident", "api_requests_per_incident", "rss_mb"):
+        assert key in doc, doc
+    assert set(doc["rss_mb"]) == {"service", "simulator", "nats_server"}  # type: ignore[arg-type]
+    assert doc["cordoned"] == 4 and doc["finished"] == 4 and doc["unfinished"] == []
