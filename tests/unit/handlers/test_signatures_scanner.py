@@ -123,6 +123,10 @@ def test_all_scanner_entry_points_agree_with_classify_line() -> None:
     assert list(scanner.scan_bytes(text.encode())) == want
     for block in (1, 7, 64, 4096, 1 << 20):
         assert list(scanner.scan_stream(io.BytesIO(text.encode() + b"\n"), block)) == want, block
+    # the agent's entry points: records with their spans, from lines or from raw bytes
+    assert [(r.start + 1, r.signal) for r in scanner.records(lines)] == want
+    assert [(r.start + 1, r.signal) for r in scanner.records_bytes(text.encode())] == want
+    assert all(r.start == r.end for r in scanner.records(lines))
 
 
 def test_anchored_lines_are_exactly_the_lines_with_an_anchor() -> None:
@@ -264,3 +268,6 @@ def test_benchmark_finds_exactly_the_injected_signals() -> None:
     assert result["missed"] == result["unexpected"] == result["wrong_kind"] == 0
     assert result["lines_per_s"] > 0 and 60 <= result["avg_line_chars"] <= 300
     assert messages and "lines/s" in messages[-1]
+    assert result["exact_user_rules"] is True and result["user_rule_signals"] > 0
+    assert result["user_lines_found_without_rules"] == 0
+    assert len(result["load_average"]) == 3
