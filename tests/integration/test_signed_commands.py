@@ -123,3 +123,20 @@ async def test_the_executor_accepts_only_replies_its_agent_signed(nats_server: E
     assert "bus creds --role agent --node gpu-node-2" in str(unknown.value)
     await fake_nc.close()
     await nc.close()
+
+
+async def test_collect_bug_report_is_signed_and_verified_like_every_verb(nats_server: EmbeddedNats,
+                                                                         tmp_path: Path) -> None:
+    nc, _ = await provisioned(nats_server.url)
+    sim = SimGpuNode(tmp_path / "node", name=NODE, gpus=1)
+    report = AgentCommand(id="bug-0", verb="collect_bug_report")
+    async with _agent(sim, nats_server.url, tmp_path / "state") as agent:
+        await until(lambda: agent.link.connected)
+        _, by_other = sign_command(Signer(generate_seed()), NODE, report, now=utcnow(), ttl_s=60)
+        refused = await _raw(nc, NODE, by_other)
+        assert not refused.ok and refused.after["refused"] == "untrusted" and sim.bug_reports == 0
+        _, wire = sign_command(SERVICE_KEY, NODE, report, now=utcnow(), ttl_s=60)
+        done = await _raw(nc, NODE, wire)
+        assert done.ok and done.after["collected"] and sim.bug_reports == 1
+        assert done.signer == agent.signer.public_key and done.node == NODE
+    await nc.close()
