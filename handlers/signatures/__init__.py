@@ -84,6 +84,7 @@ ANCHORS: tuple[str, ...] = (
     # errors ..." rows; Slurm's "gres/gpu count reported lower than configured".
     "cwarn", "cuwarn", "hwarn", "gotcompletionfrompeer", "uncorrectablememory", "gresgpucountreportedlower",
     "exitswithreturncode",  # DeepSpeed's launcher: a rank's process "exits with return code = -9"
+    "failedcheckcheck",  # NHC: "Health check failed:  Check check_nv_gpu_count 2 returned 1"
 )
 _BANCHORS = tuple(a.encode() for a in ANCHORS)
 
@@ -187,7 +188,7 @@ def _classify(text: str, low: str) -> Signal | None:
         sig = classify_nccl(text)
         if sig is not None:
             return sig
-    if "count reported lower" in low:
+    if "count reported lower" in low or "check failed" in low:
         return classify_scheduler(text)
     return None
 

@@ -1,8 +1,9 @@
 """A fourth pass of real-world lines (issue 13, the gaps left after the third): NCCL releases before the tag,
 IB/OFI plugin lines quoted without NCCL's prefix or behind a log shipper's, XLA/RCCL and Horovod "invalid
-usage", Slurm's GPU drain reasons (one of them after a MIG layout change), DeepSpeed's launcher, Megatron, Ray
-and SGLang -- and the lines around them that look close and are not faults (schedulers saying they killed a
-subprocess or drained a node for a reason that names no GPU, NCCL INFO chatter behind an MPI rank prefix,
+usage", Slurm's GPU drain reasons (one of them after a MIG layout change) and NHC's failed GPU checks,
+DeepSpeed's launcher, Megatron, Ray and SGLang -- and the lines around them that look close and are not faults
+(schedulers saying they killed a subprocess or drained a node for a reason that names no GPU, NHC failing for
+no GPU reason, NCCL INFO chatter behind an MPI rank prefix,
 host-memory OOM kills, SGLang's "Scheduler hit an exception" header before the traceback names anything).
 
 Every line is verbatim from the public source named beside it (an issue thread, or ``find_string id N`` for a
@@ -21,7 +22,7 @@ import pytest
 from handlers.signatures import LineScanner, classify_line, has_anchor
 from handlers.signatures.explain import explain
 from remediator.cli.classify import classify_text
-from tests.unit.handlers.test_classify_realworld import NONE, Expect, K, _check, _row
+from tests.unit.handlers.test_classify_realworld import NONE, Expect, K, X, _check, _row
 
 GH = "https://github.com/"
 
@@ -61,6 +62,13 @@ CASES: list[tuple[str, Expect, str]] = [
      GH + "awslabs/awsome-distributed-ai/issues/195 (scontrol show node)"),
     ("May 23 12:49:52 mgmt1.int.p2-ecole.calculquebec.cloud slurmctld[80708]: slurmctld: error: Setting node nodegpu1 state to INVAL with reason:gres/gpu count reported lower than configured (3 < 4)",
      K("health_check"), GH + "ComputeCanada/puppet-magic_castle/issues/361 (MIG divisions changed)"),
+    # --- LBNL NHC (Slurm's HealthCheckProgram) failing a GPU check ------------------------------------------------
+    ("Found XID errors: 63", X(63, None), GH + "mej/nhc/issues/147 (/var/log/nhc.log)"),
+    ("Node Health Check failed.  Check check_xid_errors returned 1", K("health_check"), GH + "mej/nhc/issues/147"),
+    ("ERROR:  nhc:  Health check failed:  Check check_xid_errors returned 1", K("health_check"),
+     GH + "mej/nhc/issues/147"),
+    ("    ERROR:  nhc:  Health check failed:  Check check_nv_gpu_count 2 returned 1", K("health_check"),
+     GH + "NVIDIA/deepops/pull/660 (the test plan's nhc -v)"),
     # --- DeepSpeed's launcher, Megatron, Ray, SGLang -----------------------------------------------------------
     ("[2023-07-18 09:02:14,830] [ERROR] [launch.py:321:sigkill_handler] ['/opt/ChatGLM-Finetuning/venv/bin/python', '-u', 'finetuning_pt.py', '--local_rank=1', '--model_dir', '/opt/ChatGLM-Finetuning/ChatGLM-6B/', '--output_dir', '/opt/'] exits with return code = -9",
      K("job_failure"), GH + "liucongg/ChatGLM-Finetuning/issues/67"),
@@ -81,6 +89,14 @@ CASES: list[tuple[str, Expect, str]] = [
      NONE, GH + "ComputeCanada/puppet-magic_castle/issues/361 (a drain names no GPU by itself)"),
     ("Feb 22 17:46:38 ip-10-1-74-228 slurmd[13562]: spank-epilog: error: pyxis: mkdir: cannot create directory '/opt/dlami/nvme/tmp/enroot/data': Permission denied",
      NONE, GH + "awslabs/awsome-distributed-ai/issues/185 (an epilog failure that drains the node, not a GPU)"),
+    ("2025-06-11T19:12:23.050922+00:00 cpu001 nhc[1013622]: Health check failed:  Script timed out.", NONE,
+     GH + "mej/nhc/issues/161 (NHC failing for no GPU reason)"),
+    ("2025-06-11T19:12:24.052725+00:00 cpu001 nhc[1013628]: Health check failed:  Terminated by signal SIGTERM.",
+     NONE, GH + "mej/nhc/issues/161"),
+    ("[2025-06-11T19:12:28.063] error: health_check killed by signal 9 output:", NONE,
+     GH + "mej/nhc/issues/161 (slurmd.log)"),
+    ("ERROR:  nhc:  Health check failed:  Watchdog timer unable to terminate hung NHC process 16263.", NONE,
+     GH + "mej/nhc/issues/134"),
     ("Kill task failed root 2024-01-25T15:12:23 ip-10-0-1-23", NONE,
      GH + "awslabs/awsome-distributed-ai/issues/185 (sinfo -R)"),
     ("[1,mpirank:0,algo-1]<stdout>:algo-1:79:1300 [0] NCCL INFO Launch mode Parallel", NONE,
@@ -173,6 +189,9 @@ def test_details_that_the_handlers_use() -> None:
     assert explain(next(x for x, _, _ in CASES if "(0 < 8)" in x), slurm)["rule"] == "builtin:sched"
     assert _sig("[1,13]<stdout>").detail["rank"] == 13 and _sig("[1,13]<stdout>").detail["ofi_request_failed"] is True
     assert _sig("[1,23]<stdout>").detail["rank"] == 23
+    nhc = _sig("check_nv_gpu_count 2")
+    assert nhc.code == "nhc_gpu_check_failed" and nhc.detail["check"] == "check_nv_gpu_count"
+    assert nhc.detail["arguments"] == "2" and nhc.playbook is None
     ds = _sig("exits with return code = -9")
     assert ds.code == "SIGKILL" and ds.detail["local_rank"] == 1 and ds.detail["reporter"] == "deepspeed.launcher"
 
