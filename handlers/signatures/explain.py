@@ -29,7 +29,7 @@ def _family(sig: Signal) -> str:
         return "dcgm"
     if sig.detail.get("reporter") == "operator-rule":
         return "operator"
-    if sig.detail.get("reporter") == "slurm":
+    if sig.detail.get("reporter") in ("slurm", "nhc"):
         return "sched"
     return _FAMILY_OF_KIND.get(sig.kind, "kernel" if sig.kind in ("ecc", "health_check") else "dcgm")
 
