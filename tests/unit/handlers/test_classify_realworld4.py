@@ -80,6 +80,14 @@ CASES: list[tuple[str, Expect, str]] = [
      GH + "verl-project/verl/issues/1611 (a Ray actor's prefix)"),
     ("  what():  [PG ID 2 PG GUID 3 Rank 1] Process group watchdog thread terminated with exception: CUDA error: an illegal memory access was encountered",
      K("cuda_error"), GH + "sgl-project/sglang/issues/8296"),
+    # --- MIG: an Xid from the DRA driver's MIG discussion; MIG management output is no fault ---------------------
+    ("[1231741.378609] NVRM: Xid (PCI:0009:01:00): 43, pid=3188489, name=trigger_xid, channel 0x0b00000a",
+     X(43, "0009:01:00"), GH + "kubernetes-sigs/dra-driver-nvidia-gpu/issues/904"),
+    ("Failed to display compute instances: Insufficient Permissions", NONE,
+     GH + "Project-HAMi/HAMi/issues/1044 (nvidia-smi mig -lci)"),
+    ('time="2025-03-05T09:12:47Z" level=debug msg="    Current MIG mode: Disabled"', NONE,
+     GH + "NVIDIA/gpu-operator/issues/1310 (mig-parted)"),
+    ("MIG configuration applied successfully", NONE, GH + "NVIDIA/gpu-operator/issues/1310"),
     # --- negatives and traps ------------------------------------------------------------------------------------
     ("192.169.83.120: [2023-10-13 11:31:28,593] [INFO] [launch.py:315:sigkill_handler] Killing subprocess 249", NONE,
      GH + "deepspeedai/DeepSpeed/issues/4510 (the launcher cleaning up, not the failure)"),
