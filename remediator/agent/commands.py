@@ -18,7 +18,9 @@ verb               does
                    refused (``ok=False``) while any process holds the GPU (``after.refused = "in_use"``,
                    ``after.processes``: ``[{pid, used_bytes, pod_uid}]``), when the process list cannot be
                    read, or when the GPU is lost. Persistence mode on is turned off for the reset and back on
-                   after (``after.persistence``: ``before``, ``during``, ``restored``). Then verified
+                   after (``after.persistence``: ``before``, ``during``, ``restored``); with it off, a process
+                   still holding ``/dev/nvidia<minor>`` open (read from ``/proc/<pid>/fd`` where the pod view
+                   can, the minor from NVML) refuses the reset too, named like the others. Then verified
                    (``after.verification``): the same UUID answers at the same PCI address (read afresh),
                    not lost, no page retirement or row remap pending; ``ok`` only when the reset ran and the
                    verification passed, ``after.reset_failed`` otherwise
@@ -75,6 +77,7 @@ from pydantic import ValidationError
 
 from remediator.agent.holders import with_process_uids
 from remediator.agent.host import (
+    DeviceOpeners,
     GpuBackend,
     GpuControl,
     GpuIdentity,
@@ -403,6 +406,17 @@ class CommandResponder:
                         "pod_uid": info.pod_uid if info is not None else None})
         return out
 
+    async def _device_openers(self, snap: GpuSnapshot) -> list[int]:
+        """PIDs holding ``/dev/nvidia<minor>`` of the GPU open, where the pod view can read ``/proc`` fds and
+        the backend knows the minor number (NVML on a real node); [] elsewhere."""
+        view, minor_of = self.pods, getattr(self.gpus, "minor_number", None)
+        if not isinstance(view, DeviceOpeners) or not callable(minor_of):
+            return []
+        minor = await asyncio.to_thread(minor_of, snap.index)
+        if not isinstance(minor, int):
+            return []
+        return await asyncio.to_thread(view.device_openers, f"/dev/nvidia{minor}")
+
     async def _reset_gpu(self, cmd: AgentCommand) -> tuple[AgentReply, bool]:
         snap = await self._resolve(cmd.gpu)
         ident = snap.identity
@@ -436,6 +450,19 @@ class CommandResponder:
                     f"reset: {why}"), before=before,
                     after={"refused": "persistence", "persistence": persistence}), False
             persistence["during"] = False
+        # with persistence off nvidia-persistenced has let go: whoever still holds the device node open
+        # (the device plugin, DCGM: no compute process NVML would list) makes the reset fail "in use"
+        openers = await self._device_openers(snap)
+        if openers:
+            if control is not None and persistence["before"]:
+                await asyncio.to_thread(control.set_persistence_mode, ident.index, True)
+            holders = [{"pid": pid, "used_bytes": None, "pod_uid": info.pod_uid if info is not None else None}
+                       for pid in openers
+                       for info in [self.pods.pid_info(pid) if self.pods is not None else None]]
+            named = ", ".join(f"{h['pid']}" + (f" (pod {h['pod_uid']})" if h["pod_uid"] else "") for h in holders)
+            return AgentReply(id=cmd.id, ok=False, detail=(
+                f"refused: {len(holders)} process(es) hold the device node of GPU {snap.index} open: pid {named}"),
+                before=before, after={"refused": "in_use", "processes": holders}), False
         r = await self.host.reset_gpu(ident)
         if control is not None and persistence["before"]:
             why = await asyncio.to_thread(control.set_persistence_mode, ident.index, True)

@@ -241,6 +241,46 @@ class ProcPodView:
             return PidInfo(visible=True)  # there, but unreadable: not enough to call it an orphan
         return PidInfo(visible=True, pod_uid=pod_uid_from_cgroup(text))
 
+    def device_openers(self, device: str, *, limit: int = 64, max_pids: int = 100_000) -> list[int]:
+        """PIDs (other than this process) with ``device`` (e.g. ``/dev/nvidia3``) open: each
+        ``/proc/<pid>/fd/*`` link is read. NVML lists compute processes only; the GPU Operator's device
+        plugin and DCGM hold the device node open without one, and ``nvidia-smi --gpu-reset`` refuses while
+        anything does. Bounded: at most ``limit`` PIDs found, ``max_pids`` processes looked at; processes that
+        vanish or cannot be read are skipped."""
+        found: list[int] = []
+        me = os.getpid()
+        try:
+            entries = os.scandir(self.proc_root)
+        except OSError:
+            return found
+        with entries:
+            for n, entry in enumerate(entries):
+                if n >= max_pids or len(found) >= limit:
+                    break
+                if not entry.name.isdigit() or int(entry.name) == me:
+                    continue
+                try:
+                    with os.scandir(Path(entry.path) / "fd") as fds:
+                        if any(_link(fd.path) == device for fd in fds):
+                            found.append(int(entry.name))
+                except OSError:
+                    continue
+        return sorted(found)
+
+
+def _link(path: str) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
+@runtime_checkable
+class DeviceOpeners(Protocol):
+    """Who holds a device node open (``ProcPodView`` on a real node)."""
+
+    def device_openers(self, device: str) -> list[int]: ...
+
 
 class SubprocessHostRunner:
     """``HostRunner`` for a real node: ``nvidia-smi`` and the configured hooks as subprocesses.

@@ -4,6 +4,7 @@ verified afterwards (same UUID at the PCI address, nothing pending), holders nam
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 
 from chaos.sim.gpu_node import GIB, SimGpuNode
 from remediator.agent.commands import CommandResponder
-from remediator.agent.host import GpuControl, GpuIdentity, SubprocessHostRunner, gpu_reset_target
+from remediator.agent.host import GpuControl, GpuIdentity, ProcPodView, SubprocessHostRunner, gpu_reset_target
 from remediator.agent.state import StateStore
 from remediator.contracts import AgentCommand, AgentReply, GpuRef
 
@@ -121,3 +122,38 @@ async def test_subprocess_bug_report_is_bounded_in_time(tmp_path: Path) -> None:
     runner = SubprocessHostRunner(bug_report_command=[str(slow)], bug_report_timeout_s=0.5)
     r = await runner.bug_report()
     assert r is not None and not r.ok and "timed out after 0.5s" in r.detail
+
+
+class MinorSim(SimGpuNode):
+    """A simulated node whose backend also says each GPU's device minor, as NVML does."""
+
+    def minor_number(self, index: int) -> int:
+        return index + 4
+
+
+def _proc(root: Path, pid: int, links: list[str], pod_uid: str | None = None) -> None:
+    fd = root / str(pid) / "fd"
+    fd.mkdir(parents=True)
+    for n, target in enumerate(links):
+        (fd / str(n + 3)).symlink_to(target)
+    slug = (pod_uid or "").replace("-", "_")
+    (root / str(pid) / "cgroup").write_text(
+        f"0::/kubepods.slice/kubepods-pod{slug}.slice/cri-containerd-1.scope\n" if pod_uid else "0::/init.scope\n")
+
+
+async def test_a_device_node_held_open_without_a_compute_process_refuses_the_reset(tmp_path: Path) -> None:
+    sim = MinorSim(tmp_path / "sim", name="node-a", gpus=2)
+    proc = tmp_path / "proc"
+    plugin = "0b3c1f5e-6d1a-4c47-9c8e-2f0e5b6d7a11"
+    _proc(proc, 501, ["/dev/nvidiactl", "/dev/nvidia5"], plugin)  # the device plugin holds GPU 1 (minor 5)
+    _proc(proc, 502, ["/dev/nvidia4", "/dev/null"])                # something on GPU 0 only
+    _proc(proc, os.getpid(), ["/dev/nvidia5"])                     # the agent's own NVML handle does not count
+    r = CommandResponder(node="node-a", gpus=sim, host=sim, pods=ProcPodView(proc, running_pods=lambda: None),
+                         state=StateStore(tmp_path / "state"))
+    reply = await run(r, "reset_gpu", "r5", GpuRef(index=1))
+    assert not reply.ok and reply.after["refused"] == "in_use"
+    assert reply.after["processes"] == [{"pid": 501, "used_bytes": None, "pod_uid": plugin}]
+    assert "hold the device node of GPU 1 open: pid 501" in reply.detail
+    assert sim.gpu_state(1)["reset_count"] == 0 and sim.persistence_mode(1) is True  # back on, untouched
+    assert ProcPodView(proc).device_openers("/dev/nvidia4") == [502]
+    assert ProcPodView(tmp_path / "nowhere").device_openers("/dev/nvidia4") == []
