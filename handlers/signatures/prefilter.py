@@ -45,7 +45,7 @@ def skeleton_anchor(literal: str) -> bytes:
 class Prefilter:
     """One automaton over a set of skeleton anchors; ``lines`` says which lines of a skeleton hold one."""
 
-    __slots__ = ("_ac", "_nccl", "anchors")  # _nccl: the index of the chatter pattern, -1 without one
+    __slots__ = ("_ac", "_nccl", "_overlapping", "anchors")  # _nccl: the index of the chatter pattern, or -1
 
     def __init__(self, anchors: Sequence[bytes]) -> None:
         uniq = tuple(dict.fromkeys(a for a in anchors if a and a != _CHATTER))
@@ -57,21 +57,33 @@ class Prefilter:
             patterns, matchkind=ahocorasick_rs.MatchKind.LeftmostLongest,
             implementation=ahocorasick_rs.Implementation.DFA)
         self._nccl = len(uniq) if _NCCL in uniq else -1
+        # Anchors that can begin inside a chatter match ("cclinfo" ... "fo"): a chatter match would hide them, so
+        # a line whose match is chatter is looked at again for these (none of the built-in anchors is one; an
+        # operator's literal such as "INFO NET/IB" is).
+        self._overlapping = tuple(a for a in uniq if _overlaps_chatter(a)) if self._nccl >= 0 else ()
 
     def lines(self, skel: bytes) -> tuple[list[int], int]:
         """``(anchored line numbers, ascending and 0-based; number of lines)`` of the skeleton ``skel``.
 
         Matches are leftmost-longest and do not overlap: a later anchor that overlaps an earlier match is
-        not reported, which changes nothing since that line is anchored already (the one exception,
-        ``nccl`` as INFO chatter, cannot be overlapped by an anchor: none starts with ``c``+``cl`` or ``l``).
+        not reported, which changes nothing since that line is anchored already -- except where the earlier
+        match is NCCL INFO chatter, which anchors nothing: a line with chatter is searched again for the
+        anchors that can begin inside it (``_overlapping``).
         """
         out: list[int] = []
-        count, find = skel.count, skel.find
-        chatter = self._nccl
+        count, find, rfind = skel.count, skel.find, skel.rfind
+        chatter, overlapping = self._nccl, self._overlapping
         line, pos, line_end = 0, 0, -1
         for index, start, _end in self._ac.find_matches_as_indexes(skel):
-            if start < line_end or index == chatter:
-                continue  # this line is anchored already, or NCCL INFO chatter
+            if start < line_end:
+                continue  # this line is anchored already
+            if index == chatter:  # NCCL INFO chatter: no anchor, unless one it hides is on the line
+                if not overlapping:
+                    continue
+                ls, le = rfind(b"\n", 0, start) + 1, find(b"\n", start)
+                seg = skel[ls:] if le < 0 else skel[ls:le]
+                if not any(a in seg for a in overlapping):
+                    continue
             line += count(b"\n", pos, start)
             pos = start
             out.append(line)
@@ -79,6 +91,16 @@ class Prefilter:
             if line_end < 0:
                 line_end = len(skel)
         return out, line + count(b"\n", pos) + 1
+
+
+def _overlaps_chatter(anchor: bytes) -> bool:
+    """True when ``anchor`` can begin inside a match of ``ncclinfo`` (after its first and before its last letter)."""
+    for k in range(1, len(_CHATTER) - 1):
+        tail = _CHATTER[k:]
+        n = min(len(tail), len(anchor))
+        if tail[:n] == anchor[:n]:
+            return True
+    return False
 
 
 @lru_cache(maxsize=32)

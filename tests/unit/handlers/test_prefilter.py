@@ -14,7 +14,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chaos.bench.classify import _noise, _signal, bench_rules
-from handlers.signatures import _BANCHORS, _literals, _parse, _silent, _whole_record, classify_line, has_anchor
+from handlers.rules import parse_rules
+from handlers.signatures import (
+    _BANCHORS,
+    LineScanner,
+    _literals,
+    _parse,
+    _silent,
+    _whole_record,
+    classify_line,
+    has_anchor,
+)
 from handlers.signatures.prefilter import BlockLines, Prefilter, line_offsets, prefilter, skeleton, skeleton_anchor
 
 
@@ -133,3 +143,16 @@ def test_a_line_holding_an_operator_anchor_is_never_silent() -> None:
 ])
 def test_lines_the_new_anchors_catch_but_that_are_no_fault(line: str) -> None:
     assert classify_line(line) is None
+
+
+def test_an_operator_literal_that_begins_inside_nccl_info_chatter_is_still_found() -> None:
+    rules = parse_rules("""\
+version: 1
+signatures:
+  - {name: ib-port-down-info, pattern: 'NCCL INFO NET/IB : port (?P<port>\\d+) down', contains: 'INFO NET/IB : port',
+     kind: nccl_error, code: ib_port_down}
+""")
+    text = ("host:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC\n"
+            "host:1:2 [0] NCCL INFO NET/IB : port 1 down\n")
+    assert [(n, s.code) for n, s in LineScanner(rules=rules).scan_text(text)] == [(2, "ib_port_down")]
+    assert list(LineScanner().scan_text(text)) == []  # the built-ins see chatter there
