@@ -57,12 +57,12 @@ from chaos.world import World, harness_settings
 from remediator import bus
 from remediator.adapters.kube import ESCALATED_ANNOTATION, KubeAdapter
 from remediator.audit import iter_records, verify_chains
-from remediator.contracts import OPT_OUT_LABEL, AuditRecord
+from remediator.contracts import DRILLS_LABEL, OPT_OUT_LABEL, AuditRecord
 from remediator.natsd import EmbeddedNats
 from remediator.service import Service
 from remediator.settings import Settings
 
-CONFIRM_LABEL = "gpu-remediator.io/drills"
+CONFIRM_LABEL = DRILLS_LABEL
 CONFIRM_VALUE = "allowed"
 REMOTE_CHECKS = ("node_quarantined", "node_drained", "node_in_service")
 REMOTE_CLUSTER = ("tainted", "cordoned", "drained")

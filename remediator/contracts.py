@@ -69,6 +69,8 @@ PLAYBOOK_NAMES: tuple[str, ...] = (
 POOL_LABEL = "gpu-remediator.io/pool"
 # Node label that opts a node out of automatic remediation ("true").
 OPT_OUT_LABEL = "gpu-remediator.io/opt-out"
+# Node label by which an operator allows `remediator drill run --kubeconfig` to act on a real node ("allowed").
+DRILLS_LABEL = "gpu-remediator.io/drills"
 
 _RFC1123 = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 _PCI_RE = re.compile(
