@@ -50,6 +50,7 @@ from chaos.sim.resources import (
     is_active,
     is_terminal,
     is_terminating,
+    natural_key,
     pod_ready,
     stamp,
     template_hash,
@@ -434,7 +435,22 @@ class Reboots:
         self._manual: dict[str, str] = {}                     # node without a GPU node -> its new boot id
         self._handled: dict[str, str] = {}                    # node -> annotation value last acted on
         self._reboot_pods: set[str] = set()                   # uids of pods that rebooted their node
+        self._dirty: set[str] = set()                         # nodes whose node or pods changed since the scan
+        self._full = True                                     # the first scan looks at every node
         self.count: dict[str, int] = {}
+        store.listeners.append(self._on_change)
+
+    def _on_change(self, rt: ResourceType, old: Obj | None, new: Obj | None) -> None:
+        """A store listener: mark the node a changed node or pod belongs to for the next scan."""
+        obj = new if new is not None else old
+        if obj is None:
+            return
+        if rt.plural == "nodes":
+            self._dirty.add(str(obj["metadata"]["name"]))
+        elif rt.plural == "pods" and new is not None:
+            node = (new.get("spec") or {}).get("nodeName")
+            if node:
+                self._dirty.add(str(node))
 
     def adopt(self, node_name: str) -> None:
         """At attach: the node reports its GPU node's boot id (no reboot implied)."""
@@ -463,8 +479,15 @@ class Reboots:
         return str(boot) if boot else None
 
     def _requested(self) -> None:
-        """The node-repair controller and the kubelets' reboot pods."""
-        for name in list(self.s.node_order):
+        """The node-repair controller and the kubelets' reboot pods. Annotations and pods change only by a
+        commit, so a scan looks at the nodes whose node or pods changed since the last one (``_on_change``),
+        not at every node and pod on every API request."""
+        if self._full:
+            names, self._full = list(self.s.node_order), False
+        else:
+            names = sorted(self._dirty, key=natural_key)  # the order of node_order
+        self._dirty.clear()
+        for name in names:
             node = self.s.obj("nodes", "", name)
             if node is None:
                 continue

@@ -157,13 +157,19 @@ class TokenBucket:
 
 
 class _Ticket:
-    __slots__ = ()
+    """One waiting request; woken (alone) when it becomes the head of the queue."""
+
+    __slots__ = ("cond",)
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self.cond = threading.Condition(lock)
 
 
 class LanedLimiter:
     """``rate`` tokens per second, at most ``burst`` saved up (starts full), handed out by lane: the head of
     ``quarantine`` first, then the heads of ``read`` and ``bulk`` in turn. Within a lane, first come first
-    served."""
+    served. Only the head waits for the rate; the others sleep until they become the head (one wake-up per
+    token, however many wait)."""
 
     def __init__(
         self,
@@ -181,7 +187,7 @@ class LanedLimiter:
         self._burst = float(burst)
         self._clock = clock
         self._sleep = sleep
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
         self._tokens = float(burst)
         self._stamp = clock()
         self._queues: dict[str, deque[_Ticket]] = {name: deque() for name in LANES}
@@ -213,17 +219,34 @@ class LanedLimiter:
             return read[0]
         return bulk[0] if bulk else None
 
+    def _wake_head(self) -> None:
+        head = self._head()
+        if head is not None:
+            head.cond.notify()
+
+    def _take(self, lane_name: str, start: float) -> float:
+        self._tokens -= 1.0
+        self._taken[lane_name] += 1
+        if lane_name != "quarantine":
+            self._last_shared = lane_name
+        waited = max(0.0, self._clock() - start)
+        self._waited[lane_name] += waited
+        return waited
+
     def acquire(self, lane_name: str = "bulk") -> float:
         """Take one token in lane ``lane_name``, waiting for this lane's turn and for the rate; returns the
         seconds waited. ``DeadlineExceeded`` when an enclosing ``deadline`` passes first."""
         if lane_name not in self._queues:
             raise ValueError(f"unknown lane {lane_name!r}; lanes are {', '.join(LANES)}")
-        ticket = _Ticket()
-        with self._cond:
+        limit = _DEADLINE.get()
+        with self._lock:
             start = self._clock()
+            self._refill(start)
+            if self._tokens >= 1.0 and self._head() is None:  # nobody waits and a token is there
+                return self._take(lane_name, start)
+            ticket = _Ticket(self._lock)
             queue = self._queues[lane_name]
             queue.append(ticket)
-            limit = _DEADLINE.get()
             try:
                 while True:
                     self._refill(self._clock())
@@ -232,43 +255,39 @@ class LanedLimiter:
                                                "passed")
                     if self._head() is ticket:
                         if self._tokens >= 1.0:
-                            self._tokens -= 1.0
                             queue.popleft()
-                            self._taken[lane_name] += 1
-                            if lane_name != "quarantine":
-                                self._last_shared = lane_name
-                            waited = max(0.0, self._clock() - start)
-                            self._waited[lane_name] += waited
-                            self._cond.notify_all()
+                            waited = self._take(lane_name, start)
+                            self._wake_head()
                             return waited
                         delay = (1.0 - self._tokens) / self._rate
                         if limit is not None:
                             delay = max(0.0, min(delay, limit - self._clock()))
-                        self._cond.release()  # the head sleeps for its token outside the lock
+                        self._lock.release()  # the head sleeps for its token outside the lock
                         try:
                             self._sleep(delay)
                         finally:
-                            self._cond.acquire()
-                        self._cond.notify_all()  # a new head may have queued meanwhile: let it look again
+                            self._lock.acquire()
+                        if self._head() is not ticket:  # a request of a lane served first queued meanwhile
+                            self._wake_head()
                     else:
-                        self._cond.wait(timeout=1.0)  # woken when the head takes its token
+                        ticket.cond.wait(timeout=1.0)  # woken when it becomes the head
             except BaseException:
                 with contextlib.suppress(ValueError):
                     queue.remove(ticket)
-                self._cond.notify_all()
+                self._wake_head()
                 raise
 
     def queued(self) -> dict[str, int]:
         """Requests waiting now, per lane."""
-        with self._cond:
+        with self._lock:
             return {name: len(q) for name, q in self._queues.items()}
 
     def taken(self) -> dict[str, int]:
         """Tokens taken so far (requests sent), per lane."""
-        with self._cond:
+        with self._lock:
             return dict(self._taken)
 
     def waited(self) -> dict[str, float]:
         """Seconds requests spent waiting for their token so far, summed per lane."""
-        with self._cond:
+        with self._lock:
             return dict(self._waited)
