@@ -42,9 +42,12 @@ def test_demo_passes_and_prints_exactly_the_report(demo_run: tuple[subprocess.Co
     assert faults["xid79-gpu-lost"]["actions"][:3] == ["taint", "cordon", "drain"]
     assert faults["xid13-single"]["playbook"] is None and faults["xid13-single"]["outcome"] == "recorded"
     assert faults["xid48-dbe"]["playbook"] == "gpu-memory-fatal"
-    # every playbook family the handlers can choose is exercised except the two that need a reboot path
+    # every playbook family the handlers can choose is exercised, except those the demo's faults cannot reach:
+    # the reboot path, a correctable-ECC rate, and a memory trend (its PyTorchJobs serve the NCCL faults; the
+    # memory-leak-trend drill runs memory-leak-growth)
     exercised = {f["playbook"] for f in faults.values()} - {None}
-    assert exercised >= set(PLAYBOOK_NAMES) - {"gpu-reset", "node-reboot", "ecc-correctable-rate"}
+    assert exercised >= set(PLAYBOOK_NAMES) - {"gpu-reset", "node-reboot", "ecc-correctable-rate",
+                                               "memory-leak-growth"}
     assert {"webhook", "agent"} <= {line.split(" via ")[-1].strip() for line in proc.stderr.splitlines()
                                      if line.startswith("→ inject")}
     assert "audit" not in proc.stdout and "decision" in proc.stderr  # the timelines go to stderr
