@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import re
+import signal
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -312,6 +313,19 @@ def serve(nats_url: str | None, data_dir: str | None, http: str, insecure_no_aut
     from remediator.audit_api.reader import AuditReader
     from remediator.audit_api.routes import create_audit_app
 
+    class GracefulServer(uvicorn.Server):
+        """Stops on SIGINT/SIGTERM without re-raising the signal afterwards, as uvicorn's own
+        ``capture_signals`` does: that would kill the process before ``audit_bus`` stops its nats-server."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
     host, sep, port = http.rpartition(":")
     if not sep or not port.isdigit():
         raise click.UsageError(f"--http takes HOST:PORT, not {http!r}")
@@ -337,7 +351,7 @@ def serve(nats_url: str | None, data_dir: str | None, http: str, insecure_no_aut
             config = uvicorn.Config(app, host=host or "127.0.0.1", port=int(port), log_level="warning",
                                     access_log=False, lifespan="off")
             click.echo(f"audit API and view on http://{host or '127.0.0.1'}:{port}/audit/ (reading {url})", err=True)
-            await uvicorn.Server(config).serve()
+            await GracefulServer(config).serve()
         finally:
             await nc.close()
 

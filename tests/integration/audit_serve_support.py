@@ -107,3 +107,18 @@ def audit_serve(store: Path, *, tokens: str | None = TOKENS) -> Iterator[Served]
             proc.wait()
         if proc.stderr is not None:
             proc.stderr.close()
+        # SIGTERM stops the embedded nats-server it opened on the store too (none left holding the store)
+        assert not servers_on(store), f"audit serve left nats-server running on {store}: {servers_on(store)}"
+
+
+def servers_on(store: Path) -> list[int]:
+    """PIDs of the nats-server processes whose command line names ``store`` (Linux /proc)."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"nats-server") and any(str(store).encode() in a for a in argv):
+            pids.append(int(cmdline.parent.name))
+    return pids
