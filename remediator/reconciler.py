@@ -69,10 +69,14 @@ class Settlement:
     entry: Mapping[str, Any]
 
 
-def node_repaired(node: Mapping[str, Any], taint_key: str, *, gpus_too: bool) -> str:
+def node_repaired(node: Mapping[str, Any], taint_key: str, *, gpus_too: bool,
+                  withdrawn_key: str | None = None) -> str:
     """Why ``node`` (a node summary) counts as back in service, or "" when it does not: our taint gone, the
-    node schedulable and Ready, and (``gpus_too``) every GPU allocatable."""
-    if any(t.get("key") == taint_key for t in node.get("taints") or []):
+    node schedulable and Ready, and (``gpus_too``) every GPU allocatable and our GPU-withdrawn taint
+    (``withdrawn_key``, the device-plugin fallback) gone too: a GPU handover is settled only once nothing of
+    ours keeps new pods off the node."""
+    ours = {taint_key, withdrawn_key} if gpus_too and withdrawn_key else {taint_key}
+    if any(t.get("key") in ours for t in node.get("taints") or []):
         return ""
     if node.get("unschedulable") or not node.get("ready"):
         return ""
@@ -82,7 +86,7 @@ def node_repaired(node: Mapping[str, Any], taint_key: str, *, gpus_too: bool) ->
 
 
 def plan(ledger: Ledger, runs: Mapping[str, RunRecord | None], nodes: Mapping[str, Mapping[str, Any] | None],
-         taint_key: str) -> list[Settlement]:
+         taint_key: str, withdrawn_key: str | None = None) -> list[Settlement]:
     """The settlements the ledger calls for, given each reservation's run (by incident; None: no record)
     and the nodes it names (None: deleted; absent: not read, nothing is decided about it). Pure."""
     out: list[Settlement] = []
@@ -94,7 +98,7 @@ def plan(ledger: Ledger, runs: Mapping[str, RunRecord | None], nodes: Mapping[st
         if node is None:
             out.append(Settlement("handover", key, str(h.get("incident")), name, f"node {name} was deleted", h))
             continue
-        why = node_repaired(node, taint_key, gpus_too=h.get("kind") == "gpu")
+        why = node_repaired(node, taint_key, gpus_too=h.get("kind") == "gpu", withdrawn_key=withdrawn_key)
         if why:
             out.append(Settlement("handover", key, str(h.get("incident")), name, f"{name} repaired: {why}", h))
     for key, r in sorted(ledger.reservations.items()):
@@ -117,7 +121,7 @@ class Reconciler:
     """Settles the ledger and the histories against the cluster; ``reconcile`` once, ``run`` until stopped."""
 
     def __init__(self, state_kv: KeyValue, kube: NodeSource, audit: AuditLog, *, taint_key: str,
-                 resync_s: float = 30.0, watch_timeout_s: float = 30.0,
+                 withdrawn_key: str | None = None, resync_s: float = 30.0, watch_timeout_s: float = 30.0,
                  clock: Callable[[], datetime] = utcnow) -> None:
         self._kv = state_kv
         self.ledger = LedgerStore(state_kv)
@@ -126,6 +130,7 @@ class Reconciler:
         self.kube = kube
         self.audit = audit
         self.taint_key = taint_key
+        self.withdrawn_key = withdrawn_key
         self.resync_s = resync_s
         self.watch_timeout_s = watch_timeout_s
         self.clock = clock
@@ -144,7 +149,7 @@ class Reconciler:
         runs = {str(r.get("incident")): (await self.runs.get(str(r.get("incident"))))[0]
                 for r in ledger.reservations.values()}
         done: list[Settlement] = []
-        for s in plan(ledger, runs, nodes, self.taint_key):
+        for s in plan(ledger, runs, nodes, self.taint_key, self.withdrawn_key):
             if await self._settle(s):
                 done.append(s)
         if incidents:

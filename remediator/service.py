@@ -201,7 +201,8 @@ class Service:
                                              keys=AgentKeys(self.nc, cache_s=s.agent_key_cache_s)),
                                  clock=self.clock)
         self.reconciler = Reconciler(await self.js.key_value(STATE_BUCKET), self.kube, self.audit,
-                                     taint_key=s.taint_key, resync_s=s.safety_view().reconcile_resync_s,
+                                     taint_key=s.taint_key, withdrawn_key=s.gpu_withdrawn_taint_key,
+                                     resync_s=s.safety_view().reconcile_resync_s,
                                      watch_timeout_s=s.safety_view().reconcile_watch_s, clock=self.clock)
         self._tasks.append(asyncio.create_task(self.reconciler.run(self._stop), name="reconciler"))
         self.broker = consumers.consumer_broker(self.nats_url, name=f"{actor}-consumers", auth=bus.auth_of(self.nc))

@@ -62,3 +62,24 @@ def test_a_finished_or_unrecorded_run_releases_its_reservation() -> None:
 def test_a_repaired_gpu_settles_its_handover() -> None:
     got = plan(ledger(), {"inc-r": run("running")}, {"n0": node()}, TAINT)
     assert [(s.subject, s.key) for s in got] == [("handover", "n0|G")]
+
+
+WITHDRAWN = "gpu-remediator/gpu-withdrawn"
+
+
+def withdrawn(**kw: Any) -> dict[str, Any]:
+    """A device-plugin node whose GPU came back (allocatable) while our GPU-withdrawn taint is still on it."""
+    n = node(**kw)
+    n["taints"] = [*n["taints"], {"key": WITHDRAWN, "value": "gpu-memory-fatal", "effect": "NoSchedule"}]
+    return n
+
+
+def test_a_gpu_handover_waits_for_our_withdrawn_taint_to_go_too() -> None:
+    """Allocatable GPUs alone do not settle a GPU handover while our NoSchedule taint keeps new pods off the
+    node (a person who released the GPU by hand and left the taint would otherwise leave it on forever,
+    with nothing of ours tracking it); a node handover is not judged on that taint."""
+    assert node_repaired(withdrawn(), TAINT, gpus_too=True, withdrawn_key=WITHDRAWN) == ""
+    assert node_repaired(withdrawn(), TAINT, gpus_too=False, withdrawn_key=WITHDRAWN) != ""
+    assert plan(ledger(), {"inc-r": run("running")}, {"n0": withdrawn()}, TAINT, WITHDRAWN) == []
+    got = plan(ledger(), {"inc-r": run("running")}, {"n0": node()}, TAINT, WITHDRAWN)
+    assert [(s.subject, s.key) for s in got] == [("handover", "n0|G")]
