@@ -244,3 +244,28 @@ def test_a_path_outside_the_request_helpers_fails_loudly(monkeypatch: pytest.Mon
     monkeypatch.setattr(inspect, "getsource", lambda _m: smuggled)
     with pytest.raises(AssertionError, match="is used outside _request"):
         adapter_accesses()
+
+
+def documented_accesses() -> set[Access]:
+    """The RBAC table of ARCHITECTURE.md ("Deploying"), read as accesses (the events row is the Role)."""
+    from tests.deploy.chart import ROOT
+
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    table = text[text.index("| apiGroup | resource | verbs | why (adapter call) |"):]
+    out: set[Access] = set()
+    for row in table.splitlines()[2:]:
+        if not row.startswith("|"):
+            break
+        group, resources, verbs = (c.strip() for c in row.strip("|").split("|")[:3])
+        group = "" if group == '`""`' else group
+        ns = kube.EVENT_NAMESPACE if "(Role in" in resources else None
+        for r in resources.split("(")[0].split(","):
+            for v in verbs.split(","):
+                out.add(Access(group, r.strip(), v.strip(), ns))
+    return out
+
+
+def test_the_rbac_table_in_architecture_is_what_the_chart_grants() -> None:
+    documented, granted = documented_accesses(), chart_accesses(render({}))
+    assert documented == granted, (f"in ARCHITECTURE.md only: {sorted(documented - granted)}; "
+                                   f"granted only: {sorted(granted - documented)}")
