@@ -30,6 +30,7 @@ DaemonSet pods per node, the scheduler (``scheduler``), owner status, PodDisrupt
 from __future__ import annotations
 
 import copy
+import time
 import uuid
 from datetime import datetime, timedelta
 
@@ -423,6 +424,9 @@ def reboots_host(pod: Obj) -> bool:
     return False
 
 
+FULL_POLL_S = 0.2  # how often Reboots.poll looks at every node's boot id
+
+
 class Reboots:
     """Boot ids of the nodes, and the simulated reboots (see the module docstring). Lock held by the caller."""
 
@@ -437,6 +441,8 @@ class Reboots:
         self._reboot_pods: set[str] = set()                   # uids of pods that rebooted their node
         self._dirty: set[str] = set()                         # nodes whose node or pods changed since the scan
         self._full = True                                     # the first scan looks at every node
+        self._rebooted: set[str] = set()                      # nodes rebooted here since the last poll
+        self._polled_all_at = -1.0                            # time.monotonic() of the last full boot-id poll
         self.count: dict[str, int] = {}
         store.listeners.append(self._on_change)
 
@@ -466,6 +472,7 @@ class Reboots:
     def reboot(self, node_name: str) -> None:
         """Reboot ``node_name``: its attached GPU node when it has one, else the node alone (new boot id)."""
         view = self.kubelets._views.get(node_name)
+        self._rebooted.add(node_name)
         if view is not None and hasattr(view, "reboot"):
             view.reboot()
         else:
@@ -511,7 +518,16 @@ class Reboots:
         self._requested()
         now = self.s.clock()
         changed = False
-        for name in list(self.s.node_order):
+        # Every node's boot id at most every FULL_POLL_S (a GPU node may be rebooted from outside, by its
+        # agent: a real kubelet reports a new boot id with its next status, seconds later); in between only
+        # the nodes going through a reboot, so an API request does not cost a look at every node.
+        if time.monotonic() - self._polled_all_at >= FULL_POLL_S:
+            self._polled_all_at = time.monotonic()
+            names = list(self.s.node_order)
+        else:
+            names = sorted(set(self._down) | self._rebooted, key=natural_key)
+        self._rebooted.clear()
+        for name in names:
             node = self.s.obj("nodes", "", name)
             boot = self._boot_of(name)
             if node is None or not boot:
