@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import helm_python.errors
 import pytest
 
 from remediator.cli.agent import agent as agent_command
@@ -55,5 +56,5 @@ def test_no_rules_value_renders_no_rules_volume_flag_or_variable() -> None:
 
 @pytest.mark.parametrize("bad", ["Fleet_Rules", "-x", "a" * 254])
 def test_the_schema_refuses_a_configmap_name_kubernetes_would(bad: str) -> None:
-    with pytest.raises(Exception, match="rulesConfigMap|schema|values"):
+    with pytest.raises(helm_python.errors.HelmValuesError, match="/remediation/rulesConfigMap"):
         render({"remediation": {"rulesConfigMap": bad}})
