@@ -49,9 +49,11 @@ def test_role_jwt_carries_its_permissions_and_inbox() -> None:
     assert d.verified and d.issuer == roles_key.public_key and d.nats["issuer_account"] == account.public_key
     assert "_INBOX.auditor.>" in d.nats["sub"]["allow"]
     assert not [s for s in d.nats["pub"]["allow"] if s.startswith(("faults.", "$KV.", "agent."))]
-    # the state bucket (the fleet page's ledger and approvals) is readable, by message get only
+    # the state bucket (the fleet page's ledger and approvals) is readable, by message or direct get only
+    # (the bucket answers reads by direct get): never a put, a purge or a consumer on it
     state = sorted(s for s in d.nats["pub"]["allow"] if "KV_remediator-state" in s)
-    assert state == ["$JS.API.STREAM.INFO.KV_remediator-state", "$JS.API.STREAM.MSG.GET.KV_remediator-state"]
+    assert state == ["$JS.API.DIRECT.GET.KV_remediator-state.>", "$JS.API.STREAM.INFO.KV_remediator-state",
+                     "$JS.API.STREAM.MSG.GET.KV_remediator-state"]
 
 
 def test_agent_jwt_from_the_scoped_key_holds_only_its_tags() -> None:
