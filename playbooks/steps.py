@@ -185,14 +185,16 @@ def _reply(reply: AgentReply, what: str) -> Change:
 # --- node-level steps (Kubernetes) ---------------------------------------------------------------------
 
 
-def _taint_value(ctx: StepContext, params: Mapping[str, Any]) -> str:
+def taint_value(ctx: StepContext, params: Mapping[str, Any]) -> str:
+    """The value of our quarantine taint for this step: its ``value`` parameter, else the playbook's name (the
+    one rule, shared by the taint steps and the executor's combined taint+cordon)."""
     return str(params.get("value") or ctx.decision.playbook)
 
 
 @step("taint", params=("effect", "value"), undo="untaint", quarantine="node")
 async def taint_node(ctx: StepContext, params: Mapping[str, Any]) -> Change:
     """Add the service's quarantine taint (``settings.taint_key=<playbook>:NoSchedule`` by default)."""
-    c = await ctx.kube.taint(ctx.node, ctx.settings.taint_key, _taint_value(ctx, params),
+    c = await ctx.kube.taint(ctx.node, ctx.settings.taint_key, taint_value(ctx, params),
                              str(params.get("effect", "NoSchedule")))
     return _change(c, "taint")
 
@@ -201,7 +203,7 @@ async def taint_node(ctx: StepContext, params: Mapping[str, Any]) -> Change:
 async def untaint_node(ctx: StepContext, params: Mapping[str, Any]) -> Change:
     """Remove the service's quarantine taint, only when it carries our value (never someone else's)."""
     c = await ctx.kube.untaint(ctx.node, ctx.settings.taint_key, str(params.get("effect", "NoSchedule")),
-                               only_if_value=_taint_value(ctx, params))
+                               only_if_value=taint_value(ctx, params))
     return _change(c, "untaint")
 
 

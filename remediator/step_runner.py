@@ -28,8 +28,7 @@ from datetime import datetime
 from typing import Any
 
 from playbooks.schema import StepSpec
-from playbooks.steps import Skipped, StepContext, StepFailed, StepRegistry, placed_by_us
-from playbooks.steps import _taint_value as taint_value  # the one rule for the value of our taint
+from playbooks.steps import Skipped, StepContext, StepFailed, StepRegistry, placed_by_us, taint_value
 from remediator.adapters.ratelimit import deadline
 from remediator.audit import IncidentAudit, step_after
 from remediator.contracts import AuditRecord, AuditWhat, Change, StepRecord
