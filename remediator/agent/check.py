@@ -119,9 +119,10 @@ def _pod_resources(socket: str | None, explicit: bool, required: bool, idents: l
             "detail": f"{len(pods)} pod(s), {len(by_gpu)} GPU(s) held"}
 
 
-async def _nats(url: str, creds_file: str | None) -> dict[str, Any]:
+async def _nats(url: str, creds_file: str | None, node: str) -> dict[str, Any]:
     from remediator import bus
     from remediator.bus import redact_url
+    from remediator.subjects import FAULTS_STREAM, faults_subject
 
     shown = redact_url(url)
     out: dict[str, Any] = {"ok": False, "url": shown, "creds": creds_file}
@@ -136,9 +137,18 @@ async def _nats(url: str, creds_file: str | None) -> dict[str, Any]:
     except Exception as e:  # an authorization violation and the like: name it, in one line
         return {**out, "detail": f"NATS at {shown} refused the agent ({type(e).__name__}: {e}); check --creds "
                                  "FILE (remediator bus creds --role agent --node NAME)"}
-    with contextlib.suppress(Exception):  # closing a connection we only opened to test it
-        await nc.close()
-    return {**out, "ok": True, "detail": f"connected to {shown}" + (" with its credentials" if creds_file else "")}
+    # the bus must also store this node's events: the agent's own start-up check (nothing stored, no right
+    # beyond publishing its faults subject)
+    subject = faults_subject("agent", node)
+    try:
+        problem = await bus.verify_capture(nc.jetstream(), subject, FAULTS_STREAM, timeout=NATS_TIMEOUT_S)
+    finally:
+        with contextlib.suppress(Exception):  # closing a connection we only opened to test it
+            await nc.close()
+    connected = f"connected to {shown}" + (" with its credentials" if creds_file else "")
+    if problem:
+        return {**out, "detail": f"{connected}, but the bus cannot store this node's events: {problem}"}
+    return {**out, "ok": True, "detail": f"{connected}; {FAULTS_STREAM} stores {subject}"}
 
 
 async def check_sources(*, node: str, gpus: GpuBackend | None, gpu_source: str | None, gpu_error: str | None,
@@ -180,7 +190,7 @@ async def check_sources(*, node: str, gpus: GpuBackend | None, gpu_source: str |
         "kubelet_pods": _dir(Path(kubelet_pods_dir), "kubelet pods directory",
                              "mount the host's /var/lib/kubelet/pods read-only (orphans and pod UIDs need it)",
                              with_gpus),
-        "nats": await _nats(nats_url, creds_file),
+        "nats": await _nats(nats_url, creds_file, node),
     }
     problems = [f"{key}: {v['detail']}" for key, v in report.items() if isinstance(v, dict) and v.get("ok") is False]
     if not (kmsg_path or journal or gpus is not None or gpu_error or pod_logs_dir):

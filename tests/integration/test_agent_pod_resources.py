@@ -120,7 +120,16 @@ async def test_an_agent_without_a_socket_says_holders_are_unknown(nats_server: E
     await nc.close()
 
 
+def _provision(url: str) -> None:
+    async def go() -> None:
+        nc, _ = await provisioned(url)
+        await nc.close()
+
+    asyncio.run(go())
+
+
 def test_check_reports_what_the_agent_sees_and_exits_0(nats_server: EmbeddedNats, gpu_state: Path) -> None:
+    _provision(nats_server.url)
     cluster, sim, servers = laid_out(gpu_state)
     try:
         done = run_cli("--node", NODE, "--nats", nats_server.url, "--sim-gpus", "8", "--state",
@@ -137,7 +146,18 @@ def test_check_reports_what_the_agent_sees_and_exits_0(nats_server: EmbeddedNats
     assert pr["pods"] == len(cluster.pods_on(NODE))
     assert set(pr["holders"]) == {sim.identity(i).uuid for i in cluster.gpu_allocation(NODE)}
     assert report["kernel_log"]["ok"] is True and report["nats"]["ok"] is True
+    assert "FAULTS stores faults.agent." in report["nats"]["detail"]
     assert report["kubelet_pods"]["ok"] is True and report["pod_logs"]["ok"] is True
+
+
+def test_check_fails_on_a_bus_that_cannot_store_the_nodes_events(nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    """Reachable NATS is not enough: with no FAULTS stream (``bus init`` never ran) the check says so, names the
+    fix and exits 1, and stores nothing (the bus check publishes with an impossible expectation)."""
+    done = run_cli("--node", NODE, "--nats", nats_server.url, "--kmsg", os.devnull, "--check", "--json")
+    assert done.returncode == 1, done.stdout
+    report = json.loads(done.stdout)
+    assert report["nats"]["ok"] is False and "remediator bus init" in report["nats"]["detail"]
+    assert any(p.startswith("nats:") and "cannot store this node's events" in p for p in report["problems"])
 
 
 def test_check_names_each_missing_source_and_exits_1(gpu_state: Path, tmp_path: Path) -> None:
