@@ -52,7 +52,7 @@ from remediator.contracts import (
     resolve_job,
     utcnow,
 )
-from remediator.errors import Conflict
+from remediator.errors import Conflict, TemporaryError
 from remediator.signing import Signer, TrustSet, canonical, signed_fields, verify
 from remediator.subjects import (
     AUDIT_CHECKPOINT_STREAM,
@@ -416,22 +416,40 @@ def parse_checkpoint(subject: str, stream_seq: int, data: bytes | None) -> Audit
         return AuditGarbage(subject, stream_seq, f"not a checkpoint: {first['msg'][:_MAX_GARBAGE_ERROR]}")
 
 
+STALLED_FETCHES = 5  # fetch timeouts in a row, with messages still pending, before a read gives up
+
+
 async def _iter_stream(js: JetStreamContext, stream: str, subject: str, batch: int,
                        fetch_timeout: float) -> AsyncIterator[tuple[str, int, bytes]]:
     """(subject, stream sequence, data) of every message of ``stream`` on ``subject``, in stream order,
-    through an ephemeral consumer that acks nothing."""
+    through an ephemeral consumer that acks nothing.
+
+    A fetch that times out ends the read only when the consumer has nothing pending: on a cluster that is
+    electing a new leader (a server just lost) a fetch can time out with records still to come, and a reader
+    that stopped there would show a chain shorter than it is. After ``STALLED_FETCHES`` such timeouts in a row
+    it raises a ``TemporaryError`` naming the stream, never a silently short read."""
     info = await js.stream_info(stream)
     last = info.state.last_seq
     if info.state.messages == 0:
         return
     cfg = ConsumerConfig(deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE, inactive_threshold=30.0)
     psub = await js.pull_subscribe(subject, stream=stream, config=cfg)
+    stalled = 0
     try:
         while True:
             try:
                 msgs = await psub.fetch(batch, timeout=fetch_timeout)
             except (TimeoutError, nats.errors.TimeoutError):
-                return
+                pending = (await psub.consumer_info()).num_pending
+                if not pending:
+                    return
+                stalled += 1
+                if stalled >= STALLED_FETCHES:
+                    raise TemporaryError(f"reading {stream}: {pending} message(s) on {subject} still pending after "
+                                         f"{stalled} fetches of {fetch_timeout:g}s; the bus is unavailable for now, "
+                                         "try again") from None
+                continue
+            stalled = 0
             for m in msgs:
                 seq = m.metadata.sequence.stream
                 yield m.subject, seq, m.data

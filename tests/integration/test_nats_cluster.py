@@ -105,7 +105,7 @@ def test_bus_init_r3_then_two_replicas_keep_r3_and_survive_a_server_loss(nats_cl
             time.sleep(3)
             records = asyncio.run(_records(nats_cluster.url, node))
             decisions = [r for r in records if r[0] == "decision" and "handler" in r[2]]
-            assert len(decisions) == 1, decisions
+            assert len(decisions) == 1, (decisions, [(r[0], r[1][:80]) for r in records])
             started = [str(r[2].get("step")) for r in records if r[0] == "step_started"]
             assert started and len(started) == len(set(started)), started
             assert asyncio.run(_replicas(nats_cluster.url)) == dict.fromkeys(STREAMS, 3)
