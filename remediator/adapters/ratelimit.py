@@ -77,8 +77,9 @@ def current_lane(method: str) -> str:
     return _LANE.get() or ("read" if method == "GET" else "bulk")
 
 
-class TokenBucket:
-    """``rate`` tokens per second, at most ``burst`` saved up; starts full."""
+class _Bucket:
+    """The token arithmetic both limiters share: ``rate`` tokens per second, at most ``burst`` saved up,
+    starting full."""
 
     def __init__(
         self,
@@ -113,6 +114,10 @@ class TokenBucket:
         elapsed = max(0.0, now - self._stamp)
         self._tokens = min(self._burst, self._tokens + elapsed * self._rate)
         self._stamp = max(self._stamp, now)
+
+
+class TokenBucket(_Bucket):
+    """``rate`` tokens per second, at most ``burst`` saved up; starts full."""
 
     def available(self) -> float:
         """Tokens that could be taken right now without waiting (negative while callers are queued)."""
@@ -165,7 +170,7 @@ class _Ticket:
         self.cond = threading.Condition(lock)
 
 
-class LanedLimiter:
+class LanedLimiter(_Bucket):
     """``rate`` tokens per second, at most ``burst`` saved up (starts full), handed out by lane: the head of
     ``quarantine`` first, then the heads of ``read`` and ``bulk`` in turn. Within a lane, first come first
     served. Only the head waits for the rate; the others sleep until they become the head (one wake-up per
@@ -179,34 +184,11 @@ class LanedLimiter:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        if rate <= 0:
-            raise ValueError(f"rate must be positive, got {rate!r}")
-        if burst < 1:
-            raise ValueError(f"burst must be at least 1, got {burst!r}")
-        self._rate = float(rate)
-        self._burst = float(burst)
-        self._clock = clock
-        self._sleep = sleep
-        self._lock = threading.Lock()
-        self._tokens = float(burst)
-        self._stamp = clock()
+        super().__init__(rate, burst, clock=clock, sleep=sleep)
         self._queues: dict[str, deque[_Ticket]] = {name: deque() for name in LANES}
         self._taken: dict[str, int] = dict.fromkeys(LANES, 0)
         self._waited: dict[str, float] = dict.fromkeys(LANES, 0.0)
         self._last_shared = "bulk"  # which of read/bulk took the last token (they alternate when both wait)
-
-    @property
-    def rate(self) -> float:
-        return self._rate
-
-    @property
-    def burst(self) -> int:
-        return int(self._burst)
-
-    def _refill(self, now: float) -> None:
-        elapsed = max(0.0, now - self._stamp)
-        self._tokens = min(self._burst, self._tokens + elapsed * self._rate)
-        self._stamp = max(self._stamp, now)
 
     def _head(self) -> _Ticket | None:
         q = self._queues
