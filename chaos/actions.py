@@ -22,7 +22,7 @@ from chaos.replica import Replica
 from chaos.sim.cluster import InjectedFault
 from chaos.sim.gpu_node import sim_agent
 from chaos.world import Outage, World, start_replica
-from remediator.bus import EXECUTOR_CONSUMER
+from remediator.bus import DISPATCH_CONSUMER, EXECUTOR_CONSUMER
 from remediator.contracts import OPT_OUT_LABEL
 from remediator.subjects import FAULTS_STREAM, REMEDIATIONS_STREAM
 
@@ -89,29 +89,85 @@ async def lose_replica(world: World, node: str) -> str:
     return f"{actor} killed mid-step (no drain, no nak, lock kept); {', '.join(r.actor for r in alive)} carry on"
 
 
-async def nats_server_kill(world: World, server: int | str, down_s: float | None) -> str:
+async def nats_server_kill(world: World, server: int | str, down_s: float | None) -> tuple[str, Any]:
     """SIGKILL one server of the world's NATS cluster (``faults_leader``: the FAULTS stream's leader), keep it
     down ``down_s`` seconds (None: to the end), then start it again on the same ports and store. No outage
-    is recorded: the cluster keeps serving, and faults injected meanwhile must be handled as ever."""
+    is recorded: the cluster keeps serving, and faults injected meanwhile must be handled as ever.
+
+    Returns what was done and, when the server stays down, a coroutine that follows the cluster until every
+    stream and durable consumer the killed server led has a new leader (``new_leaders``), for the timeline:
+    how long the elections took is what a slow drill is read by."""
     cluster = world.nats_cluster
     if cluster is None:
         raise RuntimeError("nats_server_kill needs a NATS cluster (cluster.nats_servers: 3)")
+    assert world.js is not None
+    led = await _leaders(world)
     if server == "faults_leader":
-        assert world.js is not None
-        info = await world.js.stream_info(FAULTS_STREAM)
-        leader = info.cluster.leader if info.cluster is not None else None
+        leader = led.get(FAULTS_STREAM)
         if not leader:
             raise RuntimeError("the FAULTS stream has no leader")
         index = int(leader.rsplit("-", 1)[1])
     else:
         index = int(server)
+    victim = f"{cluster.name}-{index}"
     await asyncio.to_thread(cluster.kill, index)
-    killed = f"nats-server {index} ({cluster.name}-{index}) SIGKILLed"
+    killed_at = time.monotonic()
+    killed = f"nats-server {index} ({victim}) SIGKILLed"
     if down_s is None:
-        return killed + ", stays down"
+        return killed + ", stays down", new_leaders(world, [a for a, who in led.items() if who == victim],
+                                                    victim, killed_at)
     await asyncio.sleep(down_s)
     await asyncio.to_thread(cluster.start_server, index)
-    return killed + f", back after {down_s:g}s"
+    return killed + f", back after {down_s:g}s", None
+
+
+_CONSUMERS = ((FAULTS_STREAM, DISPATCH_CONSUMER), (REMEDIATIONS_STREAM, EXECUTOR_CONSUMER))
+
+
+async def _leaders(world: World) -> dict[str, str | None]:
+    """The Raft leader of every stream and of the two durable consumers: ``{"FAULTS": "<server>", ...,
+    "FAULTS > dispatch": ...}`` (None: no leader now). Listing the streams needs the meta leader."""
+    assert world.js is not None
+    out: dict[str, str | None] = {}
+    for info in await world.js.streams_info():
+        out[info.config.name or "?"] = info.cluster.leader if info.cluster is not None else None
+    for stream, durable in _CONSUMERS:
+        c = await world.js.consumer_info(stream, durable)
+        out[f"{stream} > {durable}"] = c.cluster.leader if c.cluster is not None else None
+    return out
+
+
+async def _leader_of(world: World, asset: str) -> str | None:
+    """Who leads one stream or ``stream > consumer`` now, asked of it alone (its leader answers; no meta
+    leader needed); None while nobody answers."""
+    assert world.nc is not None
+    js = world.nc.jetstream(timeout=0.5)  # a leaderless stream's info request times out: ask often
+    stream, _, durable = asset.partition(" > ")
+    try:
+        info: Any = await (js.consumer_info(stream, durable) if durable else js.stream_info(stream))
+    except Exception:  # no leader answers yet, or the observer is reconnecting
+        return None
+    return info.cluster.leader if info.cluster is not None else None
+
+
+async def new_leaders(world: World, assets: list[str], victim: str, since: float, *,
+                      timeout_s: float = 60.0) -> str:
+    """Wait until each of ``assets`` (streams, ``stream > consumer``) is led by a server other than ``victim``;
+    say who leads each and after how long. Raises naming the ones still leaderless after ``timeout_s``."""
+    elected: dict[str, str] = {}
+    while True:
+        for asset in assets:
+            if asset not in elected:
+                who = await _leader_of(world, asset)
+                if who and who != victim:
+                    elected[asset] = f"{asset} → {who} after {time.monotonic() - since:.1f}s"
+        waiting = [a for a in assets if a not in elected]
+        if not waiting:
+            return "new Raft leaders: " + ("; ".join(elected[a] for a in assets) or "none needed")
+        if time.monotonic() - since > timeout_s:
+            raise RuntimeError(f"no new leader {timeout_s:g}s after {victim} was killed for: {', '.join(waiting)}"
+                               + (f" (elected: {'; '.join(elected.values())})" if elected else ""))
+        await asyncio.sleep(0.25)
 
 
 async def agent_disconnect(world: World, node: str, down_s: float) -> str:

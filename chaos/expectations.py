@@ -319,8 +319,10 @@ def _never_verdicts(run: DrillRun, records: list[AuditRecord]) -> list[Verdict]:
 
 
 def _runs(records: list[AuditRecord]) -> list[AuditRecord]:
-    """The executor's first ``decision`` record of each run (not the dispatcher's, not a resume)."""
-    return [r for r in records if r.what == "decision" and "handler" not in r.after and not r.after.get("resumed")]
+    """The executor's first ``decision`` record of each run (not the dispatcher's, not a resume, not a retried
+    start: a redelivery after every earlier delivery failed before the guards' outcome, so before any step)."""
+    return [r for r in records if r.what == "decision" and "handler" not in r.after and not r.after.get("resumed")
+            and not r.after.get("delivery")]
 
 
 def _second_remediations(run: DrillRun, records: list[AuditRecord]) -> list[str]:

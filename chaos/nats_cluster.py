@@ -99,31 +99,41 @@ class NatsCluster:
 
         import nats
 
-        async def probe() -> bool:
+        last: list[str] = []
+
+        async def probe(attempt: int) -> bool:
             try:
                 nc = await (self.probe_connect() if self.probe_connect is not None else nats.connect(
                     self.urls, connect_timeout=1, allow_reconnect=False, max_reconnect_attempts=0))
-            except Exception:
+            except Exception as e:
+                last[:] = [f"connecting: {type(e).__name__}: {e}"]
                 return False
+            # a name of its own per attempt: an earlier attempt's stream may still be being created or deleted
+            name = f"CLUSTER_PROBE_{attempt}"
             try:
                 js = nc.jetstream(timeout=2)
-                await js.add_stream(name="CLUSTER_PROBE", subjects=["cluster-probe"], storage="memory",
+                await js.add_stream(name=name, subjects=[f"cluster-probe.{attempt}"], storage="memory",
                                     num_replicas=self.size)
-                await js.delete_stream("CLUSTER_PROBE")
+                with contextlib.suppress(Exception):
+                    await js.delete_stream(name)
                 return True
-            except Exception:
+            except Exception as e:
+                last[:] = [f"creating an R{self.size} stream: {type(e).__name__}: {e}"]
                 return False
             finally:
                 await nc.close()
 
         deadline = time.monotonic() + timeout
+        attempt = 0
         while time.monotonic() < deadline:
+            attempt += 1
             # on a thread of its own: the caller may be inside an event loop (the drill world)
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
-                if pool.submit(lambda: asyncio.run(probe())).result():
+                if pool.submit(asyncio.run, probe(attempt)).result():
                     return
             time.sleep(0.25)
-        raise RuntimeError(f"the NATS cluster elected no JetStream leader within {timeout}s")
+        raise RuntimeError(f"the NATS cluster elected no JetStream leader within {timeout}s "
+                           f"({attempt} probes; last: {last[0] if last else 'none'}; logs in {self.root})")
 
     def kill(self, i: int) -> None:
         """SIGKILL server ``i`` (a node lost: no goodbye to its routes or clients)."""

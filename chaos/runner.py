@@ -208,7 +208,10 @@ async def _act(run: DrillRun, action: ActionSpec, label: str) -> None:
         new = await actions.kill_replica(world)
         done(f"{old} killed (no graceful drain); {new.actor} started on the same bus")
     elif isinstance(action, NatsServerKillSpec):
-        done(await actions.nats_server_kill(world, action.server, action.down_s))
+        detail, elections = await actions.nats_server_kill(world, action.server, action.down_s)
+        done(detail)
+        if elections is not None:
+            later(elections, "following the Raft elections")
     elif isinstance(action, ReplicaLossSpec):
         done(await actions.lose_replica(world, action.node))
     elif isinstance(action, AgentDisconnectSpec):

@@ -42,6 +42,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, NotFoundError
 from pydantic import ValidationError
 
+from remediator.bus import LEADER_WAIT_S, MSG_ID_HEADER
 from remediator.contracts import (
     GENESIS_HASH,
     AuditCheckpoint,
@@ -109,9 +110,21 @@ class AuditLog:
         self.checkpoints_written = 0
         self._checkpoint_warned = False
 
+    async def _last_msg(self, subject: str) -> Any:
+        """The chain's last message; a read, so a timeout (AUDIT without a leader: nobody answers the
+        request) is asked again until ``LEADER_WAIT_S`` has passed, as publishes wait out an election."""
+        deadline = asyncio.get_running_loop().time() + LEADER_WAIT_S
+        while True:
+            try:
+                return await self._js.get_last_msg(AUDIT_STREAM, subject)
+            except nats.errors.TimeoutError:
+                if asyncio.get_running_loop().time() >= deadline:
+                    raise
+                log.info("audit: no answer for the head of %s; asking again", subject)
+
     async def _load_head(self, subject: str) -> _Head:
         try:
-            raw = await self._js.get_last_msg(AUDIT_STREAM, subject)
+            raw = await self._last_msg(subject)
         except NotFoundError:
             return _Head(0, 0, GENESIS_HASH)
         assert raw.data is not None and raw.seq is not None
@@ -141,8 +154,14 @@ class AuditLog:
         fingerprint: str | None = None,
         trace_id: str | None = None,
         actor: str | None = None,
+        once: str | None = None,
     ) -> AuditRecord:
-        """Append one record to ``node``'s chain (the cluster chain when ``node`` is None) and return it."""
+        """Append one record to ``node``'s chain (the cluster chain when ``node`` is None) and return it.
+
+        ``once`` names the record for JetStream's duplicate window (``Nats-Msg-Id: audit|<once>``): a
+        redelivered handler that writes it again, not knowing whether its first attempt's append was stored,
+        stores it at most once (the window is FAULTS's, 20 min by default). A dropped repeat leaves the chain
+        as it was and is returned unstored."""
         subject = audit_subject(node)
         lock = self._locks.setdefault(subject, asyncio.Lock())
         async with lock:
@@ -163,16 +182,22 @@ class AuditLog:
                 digest = AuditRecord.digest(draft)
                 sig = self.signer.sign(digest.encode()) if self.signer is not None else None
                 record = AuditRecord.model_validate({**draft, "hash": digest, "sig": sig})
+                headers = {_EXPECTED_LAST_SUBJECT_SEQ: str(head.stream_seq)}
+                if once is not None:
+                    headers[MSG_ID_HEADER] = f"audit|{once}"
                 try:
                     ack = await self._js.publish(
                         subject, record.model_dump_json(exclude_none=False).encode(), stream=AUDIT_STREAM,
-                        headers={_EXPECTED_LAST_SUBJECT_SEQ: str(head.stream_seq)},
+                        headers=headers,
                     )
                 except APIError as err:
                     if err.err_code in _WRONG_LAST_SEQUENCE:
                         self._heads.pop(subject, None)  # another writer appended: re-read and re-link
                         continue
                     raise
+                if ack.duplicate:  # stored by an earlier attempt: this copy was not, the head is unknown
+                    self._heads.pop(subject, None)
+                    return record
                 self._heads[subject] = _Head(ack.seq, record.seq, record.hash)
                 due = self._note_unanchored(subject, record)
                 for observe in self._observers:  # metrics: cheap, synchronous, never fail the append
@@ -367,11 +392,12 @@ class IncidentAudit:
         return IncidentAudit(self.log, replace(ctx, incident=incident, gpu=gpu or ctx.gpu, job=job or ctx.job))
 
     async def append(self, what: AuditWhat, why: str = "", *, before: Mapping[str, Any] | None = None,
-                     after: Mapping[str, Any] | None = None, actor: str | None = None) -> AuditRecord:
+                     after: Mapping[str, Any] | None = None, actor: str | None = None,
+                     once: str | None = None) -> AuditRecord:
         c = self.context
         return await self.log.append(c.node, what, why, incident=c.incident, gpu=c.gpu, before=before, after=after,
                                      event_id=c.event_id, job=c.job, fingerprint=c.fingerprint,
-                                     trace_id=c.trace_id, actor=actor)
+                                     trace_id=c.trace_id, actor=actor, once=once)
 
 
 # --- reading, querying, verifying --------------------------------------------------------------------

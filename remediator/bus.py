@@ -9,6 +9,7 @@ outcome                       what happens to the message
 ============================  ===================================================================
 no error                      ack
 ``TemporaryError(delay)``     nak with ``delay`` (else the configured nak delay)
+no leader, bus timed out      nak with the configured delay; one log line, as for a ``TemporaryError``
 any other ``Exception``       nak with the configured delay (a bug may be transient; it is retried)
 last allowed delivery failed  copied to ``deadletter.<stream>.<node>``, then term
 ``PermanentError``            copied to ``deadletter.<stream>.<node>``, then term
@@ -51,9 +52,11 @@ log = logging.getLogger(__name__)
 __all__ = [
     "DISPATCH_CONSUMER",
     "EXECUTOR_CONSUMER",
+    "LEADER_WAIT_S",
     "NATS",
     "BusNotProvisioned",
     "Credentials",
+    "LeaderWaitingJetStream",
     "PermanentError",
     "TemporaryError",
     "auth_of",
@@ -62,6 +65,7 @@ __all__ = [
     "connect_within",
     "dead_letter_publisher",
     "decision_incident",
+    "num_delivered",
     "provision",
     "publish_event",
     "redact_url",
@@ -175,15 +179,70 @@ def redact_url(url: str) -> str:
     return ",".join(re.sub(r"^([a-z+]+://)[^@/]*@", r"\1", u.strip()) for u in url.split(","))
 
 
+LEADER_WAIT_S = 10.0
+"""How long a service publish waits out a JetStream leader election (``LeaderWaitingJetStream``).
+
+nats-server's Raft groups campaign 4 to 9 s after they last heard their leader (``minElectionTimeout``,
+``maxElectionTimeout`` in server/raft.go), and the meta group elects first when its leader was lost too; in
+our three-server drills FAULTS has its new leader 4 to 5 s after its server is SIGKILLed."""
+
+
+class LeaderWaitingJetStream(JetStreamContext):
+    """A JetStream context whose publishes wait out a leader election instead of failing at once.
+
+    While a stream (or KV bucket) has no Raft leader, nobody listens on its subjects and a publish is
+    answered "no responders" (``NoStreamResponseError``): nothing was stored. The publish is sent again,
+    0.1 s later and then at most a second apart, until ``leader_wait_s`` has passed; then the error is
+    raised as ever (ingest answers 503 with Retry-After, a handler's delivery is nakked). Safe to repeat for
+    exactly that error only: a timeout may hide a stored message, so it is never retried here. KV buckets
+    opened from this context (``key_value``) publish through it too. Used by the service (``serve``), the
+    only long-running publisher that cannot spool; one-shot probes (``verify_capture``) publish once.
+    """
+
+    def __init__(self, conn: NATS, *, leader_wait_s: float = LEADER_WAIT_S, **opts: Any) -> None:
+        super().__init__(conn, **opts)
+        self.leader_wait_s = leader_wait_s
+        self.elections_waited = 0  # publishes that found no leader at first and were sent again
+
+    async def publish(self, subject: str, payload: bytes = b"", timeout: float | None = None,  # noqa: ASYNC109
+                      stream: str | None = None, headers: dict[str, Any] | None = None,
+                      msg_ttl: float | None = None) -> js_api.PubAck:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.leader_wait_s
+        pause = 0.1
+        waited = False
+        while True:
+            try:
+                return await super().publish(subject, payload, timeout, stream,
+                                             dict(headers) if headers is not None else None, msg_ttl)
+            except NoStreamResponseError:
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise
+                if not waited:
+                    waited = True
+                    self.elections_waited += 1
+                    log.info("no JetStream leader answers on %s; waiting up to %gs for an election",
+                             subject, self.leader_wait_s)
+                await asyncio.sleep(min(pause, left))
+                pause = min(pause * 2, 1.0)
+
+    async def publish_once(self, subject: str, payload: bytes = b"", timeout: float | None = None,  # noqa: ASYNC109
+                           stream: str | None = None, headers: dict[str, Any] | None = None) -> js_api.PubAck:
+        """``JetStreamContext.publish``: no waiting (a probe asking whether any stream captures a subject)."""
+        return await super().publish(subject, payload, timeout, stream, headers)
+
+
 async def connect(url: str, name: str = "remediator", *, credentials: Credentials | None = None,
-                  **opts: Any) -> tuple[NATS, JetStreamContext]:
+                  leader_wait_s: float = 0.0, **opts: Any) -> tuple[NATS, JetStreamContext]:
     """Connect to ``url`` (comma-separated servers allowed) and return the client and its JetStream context.
 
     Once connected the client reconnects forever, waiting at most 2 s between attempts, and buffers up to
     8 MiB of publishes while it does; the initial connection fails after one round over the servers so a
     mistyped URL is reported, not retried forever. Connection changes are logged (the URL without any
     user:password). ``credentials`` say who connects (``Credentials.options``); ``opts`` override any of
-    these (they are ``nats.connect`` options).
+    these (they are ``nats.connect`` options). ``leader_wait_s`` > 0 returns a ``LeaderWaitingJetStream``
+    whose publishes wait that long for a stream leader to be elected.
     """
     shown = redact_url(url)
 
@@ -220,6 +279,8 @@ async def connect(url: str, name: str = "remediator", *, credentials: Credential
     servers = [s.strip() for s in url.split(",") if s.strip()]
     nc = await nats.connect(servers, **options)
     _AUTH_OF[nc] = auth
+    if leader_wait_s > 0:
+        return nc, LeaderWaitingJetStream(nc, timeout=5.0, leader_wait_s=leader_wait_s)
     return nc, nc.jetstream(timeout=5.0)
 
 
@@ -259,8 +320,9 @@ async def verify_capture(js: JetStreamContext, subject: str, stream: str, *,
     refused by the stream that captures the subject ("wrong last sequence": it is there) and answered by
     nobody when no stream does."""
     headers = {"Nats-Expected-Stream": stream, "Nats-Expected-Last-Subject-Sequence": _IMPOSSIBLE_SEQUENCE}
+    publish = js.publish_once if isinstance(js, LeaderWaitingJetStream) else js.publish
     try:
-        await js.publish(subject, b"", timeout=timeout, headers=headers)
+        await publish(subject, b"", timeout=timeout, headers=headers)
     except APIError as e:
         if e.err_code == _WRONG_LAST_SEQUENCE:
             return None
@@ -612,7 +674,13 @@ Settlement = Literal["ack", "nak", "term"]
 DeadLetter = Callable[[Msg, str], Awaitable[None]]
 
 
-def _num_delivered(msg: Msg) -> int:
+# Expected while the bus fails over (a stream without a leader, a request nobody answered in time): logged in
+# one line like a TemporaryError, never with a traceback; retried all the same.
+_BUS_UNAVAILABLE = (TemporaryError, NoStreamResponseError, nats.errors.TimeoutError)
+
+
+def num_delivered(msg: Msg) -> int:
+    """Which delivery of its message ``msg`` is (1: the first)."""
     try:
         return msg.metadata.num_delivered
     except Exception:  # not a JetStream delivery (core request in tests): treat as the first one
@@ -640,14 +708,14 @@ async def settle(msg: Msg, error: BaseException | None, *, max_deliver: int, nak
     if isinstance(error, PermanentError):
         reason = f"permanent error: {error}"
     else:
-        delivered = _num_delivered(msg)
+        delivered = num_delivered(msg)
         if delivered < max_deliver:
             delay = nak_delay
             if isinstance(error, TemporaryError) and error.delay is not None:
                 delay = error.delay
-            if isinstance(error, TemporaryError):  # an expected condition: one line, no traceback
-                log.info("%s: %s (delivery %d/%d), retrying in %gs",
-                         msg.subject, error, delivered, max_deliver, delay)
+            if isinstance(error, _BUS_UNAVAILABLE):  # expected: one line, no traceback
+                log.info("%s: %s (delivery %d/%d), retrying in %gs", msg.subject,
+                         str(error) or type(error).__name__, delivered, max_deliver, delay)
             else:
                 log.warning("unexpected error handling %s (delivery %d/%d), retrying in %gs",
                             msg.subject, delivered, max_deliver, delay, exc_info=error)

@@ -50,6 +50,7 @@ from remediator.audit import AuditContext, AuditLog, IncidentAudit, decision_aft
 from remediator.bus import PermanentError, dead_letter_publisher, settle
 from remediator.contracts import Decision, FaultEvent, resolve_job, utcnow
 from remediator.identity import reports
+from remediator.kv import leader_view
 from remediator.settings import Settings
 from remediator.signing import verify_document
 from remediator.state import StateConflict, StateStore
@@ -117,6 +118,7 @@ class Dispatcher:
         self._nc = nc
         self._js = js
         self._kv = state_kv
+        self._leader_kv = leader_view(state_kv)
         self._state = StateStore(state_kv)
         self._settings = settings
         self._audit = audit
@@ -150,20 +152,28 @@ class Dispatcher:
         audit = self._audit.bind(AuditContext.of_event(event, trace_id))
         published: list[Decision] = []
         accepted = False
+
+        async def accept() -> None:  # once per event, before the first record of what it caused
+            nonlocal accepted
+            if not accepted:
+                accepted = True
+                await audit.append("event_accepted", f"{event.kind} {event.code} from {event.source}",
+                                   after={"message": event.message[:500]}, once=f"accepted|{event.id}")
+
         duplicate_for = 0
         for spec in specs:
             key = history_key(spec, event)
             verdict = await self._decide(spec, key, event)
             if verdict is None:  # seen before: a redelivery, or a replay past the duplicate window
                 duplicate_for += 1
-                published += await self._republish_opened(key, event, traceparent)
+                for decision, recent in await self._republish_opened(key, event, traceparent):
+                    published.append(decision)
+                    if recent:  # the delivery that decided may have failed before its records: write them
+                        await accept()  # again; JetStream keeps the first of each (``once``)
+                        await self._audit_decision(audit, decision)
                 continue
-            if not accepted:
-                accepted = True
-                await audit.append("event_accepted", f"{event.kind} {event.code} from {event.source}",
-                                   after={"message": event.message[:500]})
             self.stats.by_handler[spec.name] = self.stats.by_handler.get(spec.name, 0) + 1
-            await self._record(audit, verdict, traceparent, published)
+            await self._record(audit, verdict, traceparent, published, accept)
         if not specs:
             await audit.append("event_ignored", f"no handler for kind {event.kind}")
         elif duplicate_for == len(specs):
@@ -173,22 +183,34 @@ class Dispatcher:
         return published
 
     async def _record(self, audit: IncidentAudit, verdict: Verdict, traceparent: str | None,
-                      published: list[Decision]) -> None:
-        """Publish the verdict's decision, if any, and audit the verdict on the incident it names."""
+                      published: list[Decision], accept: Callable[[], Awaitable[None]]) -> None:
+        """Publish the verdict's decision, if any, and audit the verdict on the incident it names.
+
+        The decision is published before anything about it is audited, and its records are named for
+        JetStream's duplicate window (``once``): a redelivery re-publishes and re-audits, and whatever the
+        failed delivery had stored already is kept once."""
         decision = verdict.decision
         if decision is not None:
             self.stats.decisions += 1
             await self._publish_decision(decision, traceparent)
             published.append(decision)
-            on = audit.for_incident(decision.incident_id, gpu=decision.gpu.key if decision.gpu else None,
-                                    job=decision.job)
-            await on.append("decision", decision.reason, after=decision_after(decision))
+            await accept()
+            await self._audit_decision(audit, decision)
         elif verdict.updated_incident is not None:
+            await accept()
             self.stats.updated += 1
             await audit.for_incident(verdict.updated_incident).append("incident_updated", verdict.reason)
         else:
+            await accept()
             self.stats.no_action += 1
             await audit.append("event_ignored", verdict.reason)
+
+    @staticmethod
+    async def _audit_decision(audit: IncidentAudit, decision: Decision) -> None:
+        on = audit.for_incident(decision.incident_id, gpu=decision.gpu.key if decision.gpu else None,
+                                job=decision.job)
+        await on.append("decision", decision.reason, after=decision_after(decision),
+                        once=f"decision|{decision.incident_id}")
 
     async def _decide(self, spec: HandlerSpec[Any], key: str, event: FaultEvent) -> Verdict | None:
         """The handler's verdict, with the history written back by compare-and-set (None: a duplicate).
@@ -197,8 +219,8 @@ class Dispatcher:
         crash between the two leaves something to re-publish on redelivery. Losing the CAS race means
         re-reading and deciding again, never overwriting.
         """
-        for _attempt in range(25):
-            history, revision = await self._state.get(key)
+        for attempt in range(25):
+            history, revision = await self._state.get(key, fresh=attempt > 0)
             if any(s.event_id == event.id for s in history.sightings):
                 return None
             verdict = spec.decide(event, history, self._clock(), spec.policy)
@@ -227,22 +249,29 @@ class Dispatcher:
         await self._js.publish(remediation_subject(decision.node), decision.model_dump_json().encode(),
                                headers=headers)
 
-    async def _republish_opened(self, key: str, event: FaultEvent, traceparent: str | None) -> list[Decision]:
-        """A redelivered event: re-publish the decisions of incidents it opened (JetStream drops repeats)."""
-        history, _ = await self._state.get(key)
+    async def _republish_opened(self, key: str, event: FaultEvent,
+                                traceparent: str | None) -> list[tuple[Decision, bool]]:
+        """A redelivered event: re-publish the decisions of incidents it opened (JetStream drops repeats),
+        each with whether it was decided within the duplicate window (so its records may be written again:
+        JetStream still knows which were stored). The stored decision is read from the bucket's leader: a
+        replica that has not applied it yet would make the incident look like it never was."""
+        history, _ = await self._state.get(key, fresh=True)
         out = []
         for inc in history.incidents:
             node = event.node
             if inc.incident_id != incident_id_for(node, inc.group, event.id):
                 continue
             try:
-                entry = await self._kv.get(decision_key(inc.incident_id))
+                entry = await self._leader_kv.get(decision_key(inc.incident_id))
             except KeyNotFoundError:
                 continue
             assert entry.value is not None
             decision = Decision.model_validate_json(entry.value)
             await self._publish_decision(decision, traceparent)
-            out.append(decision)
+            # past the window JetStream forgets, and a replay must not audit an old decision twice; a margin
+            # for the clocks of the replica that decided and this one
+            age = (self._clock() - decision.decided_at).total_seconds()
+            out.append((decision, age < self._settings.duplicate_window_s - 60))
         return out
 
     # --- one delivery -------------------------------------------------------------------------------

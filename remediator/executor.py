@@ -50,7 +50,7 @@ from playbooks.schema import Playbook, StepSpec
 from playbooks.steps import REGISTRY, StepContext, StepRegistry, quarantine_of
 from remediator import consumers, safety
 from remediator.audit import AuditContext, AuditLog, IncidentAudit, finished_after
-from remediator.bus import dead_letter_publisher, decision_incident, settle
+from remediator.bus import dead_letter_publisher, decision_incident, num_delivered, settle
 from remediator.contracts import Decision, utcnow
 from remediator.errors import PermanentError, TemporaryError
 from remediator.run import (
@@ -183,7 +183,7 @@ class Executor:
         every = max(1.0, min(self.settings.lock_ttl_s / 3.0, 10.0))
         keeper = asyncio.create_task(locks.keep(lease, every, heartbeat))
         try:
-            return await self._run_locked(d, pb, lease, runs, audit)
+            return await self._run_locked(d, pb, lease, runs, audit, num_delivered(msg) if msg is not None else 1)
         finally:
             keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -206,7 +206,7 @@ class Executor:
             raise
 
     async def _run_locked(self, d: Decision, pb: Playbook, lease: Lease, runs: RunLog,
-                          audit: IncidentAudit) -> RunResult:
+                          audit: IncidentAudit, delivery: int = 1) -> RunResult:
         run, rev = await runs.get(d.incident_id)  # re-read under the lock: another replica may have finished
         if run is not None and run.finished:
             return run.result()
@@ -215,9 +215,14 @@ class Executor:
         run = stored.run
         run.owner = lease.owner
         off = sorted(set(safety.GUARD_NAMES) - self.policy().enabled - set(safety.ALWAYS_ON))
+        # A redelivery with no run record: every earlier delivery failed before the guards' outcome was
+        # stored, so nothing acted yet; the record says so (a retried start, not a second remediation).
+        retried = delivery if not resumed and delivery > 1 else None
         await audit.append("decision", ("resuming" if resumed else "received") + f" by {self.actor}: playbook "
-                           f"{pb.name}" + (f", {len(run.order)} steps recorded" if resumed else ""),
-                           after={"playbook": pb.name, "resumed": resumed, **({"guards_off": off} if off else {})})
+                           f"{pb.name}" + (f", {len(run.order)} steps recorded" if resumed else "")
+                           + (f" (delivery {retried}: no earlier one got past the guards)" if retried else ""),
+                           after={"playbook": pb.name, "resumed": resumed, **({"guards_off": off} if off else {}),
+                                  **({"delivery": retried} if retried else {})})
         if run.guards_passed:  # else the guards' outcome is the first write of the run record
             await stored.save()
         ctx = self._context(d, pb, audit)

@@ -158,8 +158,10 @@ class Service:
             log.info("embedded nats-server on %s (store %s)", self.nats.url, self.nats.data_dir)
         credentials = (bus.Credentials(creds_file=self.nats.creds("service")) if self.nats is not None
                        else bus.Credentials.from_settings(s))
+        # publishes (events, decisions, audit, KV) wait out a stream leader's election (bus.LEADER_WAIT_S)
         self.nc, self.js = await bus.connect_within(self.nats_url, s.startup_timeout_s,
-                                                    name=s.replica_id or default_actor(), credentials=credentials)
+                                                    name=s.replica_id or default_actor(), credentials=credentials,
+                                                    leader_wait_s=bus.LEADER_WAIT_S)
         if self.provision or (self.provision is None and self.nats is not None):
             await self._provision(s)
         else:

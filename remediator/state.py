@@ -39,9 +39,10 @@ class StateStore:
     def __init__(self, kv: KeyValue, max_attempts: int = 25) -> None:
         self._docs = Documents(kv, _decode, _encode, max_attempts=max_attempts)
 
-    async def get(self, key: str) -> tuple[History, int]:
-        """The history under ``key`` and its revision (0: no such key yet)."""
-        entry = await self._docs.get(key)
+    async def get(self, key: str, *, fresh: bool = False) -> tuple[History, int]:
+        """The history under ``key`` and its revision (0: no such key yet); ``fresh``: as the stream leader
+        has it (after a lost compare-and-set; see ``remediator.kv``)."""
+        entry = await self._docs.get(key, fresh=fresh)
         return entry.value, entry.revision
 
     async def compare_and_set(self, key: str, new: History, revision: int) -> bool:

@@ -16,10 +16,8 @@ Which lane a request is in is a context variable (``lane("quarantine")``), set b
 that sends it and carried onto the worker thread by ``AsyncKube``; without one, a GET is a ``read`` and
 anything else ``bulk``. ``queued()`` and ``taken()`` (per lane) are what ``/metrics`` shows.
 
-``TokenBucket`` is the plain bucket (one FIFO by reservation, like Go's ``rate.Limiter``: taking a token may
-drive the balance below zero and the caller waits until the debt is paid back). Both are thread-safe (the
-async port calls the adapter from its worker threads) and take their clock and their sleep as arguments,
-so tests move a fake clock instead of sleeping.
+It is thread-safe (the async port calls the adapter from its worker threads) and takes its clock and its
+sleep as arguments, so tests move a fake clock instead of sleeping.
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Final
 
-__all__ = ["LANES", "DeadlineExceeded", "LanedLimiter", "TokenBucket", "current_lane", "deadline", "lane"]
+__all__ = ["LANES", "DeadlineExceeded", "LanedLimiter", "current_lane", "deadline", "lane"]
 
 LANES: Final = ("quarantine", "read", "bulk")
 _LANE: contextvars.ContextVar[str | None] = contextvars.ContextVar("kube_lane", default=None)
@@ -78,8 +76,7 @@ def current_lane(method: str) -> str:
 
 
 class _Bucket:
-    """The token arithmetic both limiters share: ``rate`` tokens per second, at most ``burst`` saved up,
-    starting full."""
+    """The token arithmetic: ``rate`` tokens per second, at most ``burst`` saved up, starting full."""
 
     def __init__(
         self,
@@ -114,51 +111,6 @@ class _Bucket:
         elapsed = max(0.0, now - self._stamp)
         self._tokens = min(self._burst, self._tokens + elapsed * self._rate)
         self._stamp = max(self._stamp, now)
-
-
-class TokenBucket(_Bucket):
-    """``rate`` tokens per second, at most ``burst`` saved up; starts full."""
-
-    def available(self) -> float:
-        """Tokens that could be taken right now without waiting (negative while callers are queued)."""
-        with self._lock:
-            self._refill(self._clock())
-            return self._tokens
-
-    def reserve(self, tokens: int = 1) -> float:
-        """Take ``tokens`` now and return how many seconds the caller must wait before using them.
-
-        ``0.0`` means go ahead. A request for more than ``burst`` tokens can never be satisfied and raises
-        ``ValueError``.
-        """
-        if tokens < 1:
-            raise ValueError(f"tokens must be at least 1, got {tokens!r}")
-        if tokens > self._burst:
-            raise ValueError(f"cannot take {tokens} tokens from a bucket of burst {int(self._burst)}")
-        with self._lock:
-            self._refill(self._clock())
-            self._tokens -= tokens
-            if self._tokens >= 0:
-                return 0.0
-            return -self._tokens / self._rate
-
-    def try_acquire(self, tokens: int = 1) -> bool:
-        """Take ``tokens`` only if they are available now; never waits."""
-        if tokens < 1:
-            raise ValueError(f"tokens must be at least 1, got {tokens!r}")
-        with self._lock:
-            self._refill(self._clock())
-            if self._tokens >= tokens:
-                self._tokens -= tokens
-                return True
-            return False
-
-    def acquire(self, tokens: int = 1) -> float:
-        """Take ``tokens``, sleeping as long as the rate requires; returns the seconds slept."""
-        delay = self.reserve(tokens)
-        if delay > 0:
-            self._sleep(delay)
-        return delay
 
 
 class _Ticket:

@@ -74,7 +74,7 @@ class NodeLocks:
         try:
             rev = await self._docs.put(node_key(node), self._body(owner, incident), 0)
         except LostRace:
-            held = await self._docs.get(node_key(node))
+            held = await self._docs.get(node_key(node), fresh=True)  # the leader: a replica may lag the holder
             if held.revision == 0:  # released in between: free again
                 return await self.try_take(node, owner, incident)
             return str((held.value or {}).get("owner", "?"))

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 import pytest
 from nats.aio.msg import Msg
 from nats.js import api
+from nats.js.errors import NoStreamResponseError
 
 from remediator import bus, subjects
 from remediator.contracts import FaultEvent, GpuRef
@@ -252,3 +253,36 @@ def test_bus_init_command_is_idempotent_and_prints_json(nats_server: EmbeddedNat
     assert again.exit_code == 0 and json.loads(again.stdout) == []
     missing = runner.invoke(bus_group, ["init"], env={"REMEDIATOR_NATS_URL": ""})
     assert missing.exit_code == 2 and "REMEDIATOR_NATS_URL" in missing.output
+
+
+async def test_a_service_publish_waits_out_a_missing_leader_and_a_probe_does_not(nats_server: EmbeddedNats,
+                                                                                 settings: Settings) -> None:
+    """No responders (no stream leader listens yet, as during an election) is retried until the leader
+    answers within ``leader_wait_s``, then raised; ``verify_capture`` asks once."""
+    nc, js = await bus.connect(nats_server.url, name="test-wait", leader_wait_s=5.0)
+    try:
+        assert isinstance(js, bus.LeaderWaitingJetStream)
+        start = time.monotonic()
+        assert await bus.verify_capture(js, "faults.agent.gpu-node-1", subjects.FAULTS_STREAM) is not None
+        assert time.monotonic() - start < 2  # a probe: one question, no waiting
+
+        async def leader_elected_later() -> None:
+            await asyncio.sleep(1.0)
+            await bus.provision(js, settings)
+
+        provisioning = asyncio.create_task(leader_elected_later())
+        ack = await bus.publish_event(js, event(7))  # sent before FAULTS exists, stored once it does
+        await provisioning
+        assert ack.stream == subjects.FAULTS_STREAM and not ack.duplicate and js.elections_waited == 1
+        assert (await js.stream_info(subjects.FAULTS_STREAM)).state.messages == 1
+
+        impatient = bus.LeaderWaitingJetStream(nc, timeout=1.0, leader_wait_s=0.5)
+        start = time.monotonic()
+        with pytest.raises(NoStreamResponseError):
+            await impatient.publish("nobody.listens.here", b"x")
+        assert 0.4 <= time.monotonic() - start < 3
+        plain = nc.jetstream()
+        with pytest.raises(NoStreamResponseError):  # what the service got before: at once
+            await plain.publish("nobody.listens.here", b"x")
+    finally:
+        await nc.close()

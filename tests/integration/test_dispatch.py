@@ -6,15 +6,17 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from nats.js.errors import KeyNotFoundError
+from nats.js.kv import KeyValue
 
 from handlers.registry import default_registry
 from remediator import bus
-from remediator.audit import AuditLog, iter_records
+from remediator.audit import AuditLog, iter_records, verify_chains
 from remediator.contracts import Decision, FaultEvent, GpuRef, Origin
 from remediator.dispatch import Dispatcher
 from remediator.natsd import EmbeddedNats
 from remediator.settings import Settings
-from remediator.subjects import REMEDIATIONS_STREAM
+from remediator.subjects import REMEDIATIONS_STREAM, STATE_BUCKET
 
 T0 = datetime(2026, 3, 1, 3, 12, tzinfo=UTC)
 UUID = "GPU-0b1e5e5e-0000-4000-8000-000000000001"
@@ -119,6 +121,81 @@ async def test_redelivery_after_crash_republishes_the_same_decision(nats_server:
     assert await d.handle(xid("gpu-node-3", 13, "e13", job="j")) == []
     assert await d.handle(xid("gpu-node-3", 13, "e13", job="j")) == []
     assert d.stats.duplicates == 3  # the redelivered 48, its repeat, the repeated 13
+    # the delivery that crashed audited nothing; the redelivery that published audits it, once
+    records = [r async for r in iter_records(js, "gpu-node-3") if r.event_id == "e48"]
+    assert [r.what for r in records] == ["event_accepted", "decision"]
+    assert records[1].incident == again.incident_id
+    await nc.close()
+
+
+async def test_a_redelivery_after_a_failure_between_the_records_writes_each_record_once(
+        nats_server: EmbeddedNats) -> None:
+    """The decision published and ``event_accepted`` stored, then the ``decision`` record failed (AUDIT
+    without a leader): the redelivery writes both again and JetStream keeps one of each."""
+    clock = Clock()
+    nc, js, d = await _setup(nats_server, clock)
+    real = Dispatcher._audit_decision
+    failed = False
+
+    async def audit_lost_once(audit: object, decision: Decision) -> None:
+        nonlocal failed
+        if not failed:
+            failed = True
+            raise ConnectionError("AUDIT has no leader")
+        await real(audit, decision)  # type: ignore[arg-type]
+
+    d._audit_decision = audit_lost_once  # type: ignore[method-assign,assignment]
+    with pytest.raises(ConnectionError):
+        await d.handle(xid("gpu-node-4", 48, "e48b"))
+    [again] = await d.handle(xid("gpu-node-4", 48, "e48b"))  # the redelivery
+    await d.handle(xid("gpu-node-4", 48, "e48b"))  # and one more: nothing new
+    records = [r async for r in iter_records(js, "gpu-node-4") if r.event_id == "e48b"]
+    assert [r.what for r in records] == ["event_accepted", "decision"]
+    assert records[1].incident == again.incident_id
+    assert [x.incident_id for x in await _decisions(js)] == [again.incident_id]
+    # the chain still links: a later record follows the last stored one
+    await d.handle(xid("gpu-node-4", 13, "e13b", job="j"))
+    chain = [r async for r in iter_records(js, "gpu-node-4")]
+    assert all(rep.ok for rep in verify_chains(chain)), [rep.problem for rep in verify_chains(chain)]
+    await nc.close()
+
+
+class LaggingReplica(KeyValue):
+    """The bucket as a follower that has applied none of its writes answers direct gets (what a replica
+    does right after an election, or under load, on a bucket declared ``allow_direct``); reads through the
+    stream leader (``direct=False``) are real."""
+
+    async def _get(self, key: str, revision: int | None = None) -> KeyValue.Entry:
+        if self._direct:
+            raise KeyNotFoundError
+        return await super()._get(key, revision)
+
+
+async def test_a_redelivery_read_from_a_lagging_replica_still_republishes_its_decision(
+        nats_server: EmbeddedNats) -> None:
+    """Direct gets answered by a replica behind the leader: the re-read after a lost compare-and-set and the
+    stored decision come from the leader, so the redelivered event is a duplicate that re-publishes, not an
+    incident that never was."""
+    clock = Clock()
+    settings = Settings(nats_url=nats_server.url, nak_delay_s=0.1)
+    nc, js = await bus.connect(nats_server.url)
+    await bus.provision(js, settings)
+    real = await js.key_value(STATE_BUCKET)
+    lagging = LaggingReplica(name=real._name, stream=real._stream, pre=real._pre, js=js, direct=True)
+    d = Dispatcher(nc, js, lagging, settings, AuditLog(js, "test", clock=clock), default_registry(), clock=clock)
+
+    async def crash(decision: Decision, traceparent: str | None = None) -> None:
+        raise ConnectionError("process died before the publish")
+
+    real_publish = d._publish_decision
+    d._publish_decision = crash  # type: ignore[method-assign]
+    with pytest.raises(ConnectionError):
+        await d.handle(xid("gpu-node-5", 48, "e48"))
+    d._publish_decision = real_publish  # type: ignore[method-assign]
+    [again] = await d.handle(xid("gpu-node-5", 48, "e48"))
+    assert again.playbook == "gpu-memory-fatal"
+    assert [x.incident_id for x in await _decisions(js)] == [again.incident_id]
+    assert d.stats.duplicates == 1 and d.stats.by_handler == {"xid": 1}  # decided once: by the one that crashed
     await nc.close()
 
 

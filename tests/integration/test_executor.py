@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 from playbooks.catalog import PlaybookCatalog
 from remediator.contracts import OPT_OUT_LABEL
@@ -191,3 +194,40 @@ async def test_return_to_service_removes_only_what_we_added(nats_server: Embedde
         assert statuses["verify-after-reboot"] == "failed" and statuses["replace"] == "succeeded"
         assert statuses["return_to_service"] == "skipped"
         assert r.sim.node("gpu-node-1")["spec"]["unschedulable"] is True
+
+
+class _Delivery:
+    """What the executor reads of a JetStream delivery: its headers, which delivery it is, in-progress."""
+
+    def __init__(self, n: int) -> None:
+        self.headers: dict[str, str] = {}
+        self.metadata = SimpleNamespace(num_delivered=n)
+
+    async def in_progress(self) -> None:
+        return None
+
+
+async def test_a_redelivery_after_a_start_that_failed_before_the_guards_says_so(
+        nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    """The first delivery failed before the guards' outcome was stored (nothing acted): the redelivery's
+    ``decision`` record names its delivery, and the drills do not count it as a second remediation."""
+    from chaos.expectations import _runs
+
+    async with rig(nats_server.url, tmp_path) as r:
+        d = decision("gpu-node-1", "gpu-lost", gpu=1)
+        real_guards = r.executor._guards
+
+        async def bus_lost(*a: object, **kw: object) -> object:
+            raise ConnectionError("the bus went away during the guards")
+
+        r.executor._guards = bus_lost  # type: ignore[method-assign]
+        with pytest.raises(ConnectionError):
+            await r.executor.execute(d, _Delivery(1))  # type: ignore[arg-type]
+        r.executor._guards = real_guards  # type: ignore[method-assign]
+        result = await r.executor.execute(d, _Delivery(2))  # type: ignore[arg-type]
+        assert result.outcome == "escalated"
+        starts = [x for x in await r.audit_records("gpu-node-1")
+                  if x.incident == d.incident_id and x.what == "decision"]
+        assert [x.after.get("delivery") for x in starts] == [None, 2]
+        assert "delivery 2: no earlier one got past the guards" in starts[1].why
+        assert len(_runs(starts)) == 1

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from handlers.base import History, Incident
@@ -66,9 +67,9 @@ async def test_update_reapplies_its_pure_function_after_a_lost_race(kv: KeyValue
     real_get = docs.get
     raced = False
 
-    async def get_then_race(key: str) -> Any:
+    async def get_then_race(key: str, *, fresh: bool = False) -> Any:
         nonlocal raced
-        entry = await real_get(key)
+        entry = await real_get(key, fresh=fresh)
         if not raced:  # another writer lands between our read and our write, once
             raced = True
             await racing_writer()
@@ -137,5 +138,52 @@ async def test_a_node_lock_taken_over_is_lost_on_renew_and_never_released_by_its
         assert got == "b|inc-2|y"
         await locks.release(new)
         assert isinstance(await locks.try_take("gpu-node-1", "c|inc-3|z", "inc-3"), Lease)
+    finally:
+        await nc.drain()
+
+
+class LaggingReplica(KeyValue):
+    """The bucket as a follower that has applied none of its writes answers direct gets (a replica right
+    after an election, or under load, on a bucket declared ``allow_direct``); leader reads are real."""
+
+    async def _get(self, key: str, revision: int | None = None) -> KeyValue.Entry:
+        if self._direct:
+            raise KeyNotFoundError
+        return await super()._get(key, revision)
+
+
+def _lagging(kv: KeyValue) -> KeyValue:
+    return LaggingReplica(name=kv._name, stream=kv._stream, pre=kv._pre, js=kv._js, direct=True)
+
+
+async def test_reads_from_a_lagging_replica_cost_one_lost_race_not_the_attempts(kv: KeyValue) -> None:
+    await json_documents(kv).put("doc.lag", {"n": 1}, 0)
+    docs = json_documents(_lagging(kv), max_attempts=2)
+    stale = await docs.get("doc.lag")
+    assert stale.revision == 0  # what the follower says: no such key
+    assert (await docs.get("doc.lag", fresh=True)).value == {"n": 1}  # the leader has it
+    with pytest.raises(LostRace, match="a replica had not seen it"):  # not nats-py's KeyNotFoundError
+        await docs.put("doc.lag", {"n": 9}, 0)
+    seen: list[dict[str, Any] | None] = []
+
+    def bump(doc: dict[str, Any] | None) -> tuple[dict[str, Any] | None, int]:
+        seen.append(doc)
+        n = int((doc or {"n": 0})["n"]) + 1
+        return {"n": n}, n
+
+    assert await docs.update("doc.lag", bump) == 2  # second try reads the leader: {"n": 1}, not nothing
+    assert seen == [None, {"n": 1}]
+    assert (await json_documents(kv).get("doc.lag")).value == {"n": 2}
+
+
+async def test_a_lock_held_is_named_even_when_a_lagging_replica_has_not_seen_it(nats_server: EmbeddedNats) -> None:
+    nc, js = await bus.connect(nats_server.url)
+    try:
+        await bus.provision(js, fast_settings(nats_server.url))
+        real = await js.key_value(LOCKS_BUCKET)
+        await NodeLocks(real, lambda: T0).take("gpu-node-2", "a|inc-1|x", "inc-1", wait_s=0, retry_s=5)
+        # the follower says "free", the leader refuses the create: asked again, the leader names the holder
+        got = await NodeLocks(_lagging(real), lambda: T0).try_take("gpu-node-2", "b|inc-2|y", "inc-2")
+        assert got == "a|inc-1|x"
     finally:
         await nc.drain()

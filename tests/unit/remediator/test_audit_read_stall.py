@@ -79,3 +79,35 @@ async def test_a_read_that_stays_stalled_is_a_temporary_error_not_a_short_chain(
     with pytest.raises(TemporaryError, match="AUDIT: 3 message"):
         await _read(_Js(sub, last=4))
     assert sub.fetches == 1 + STALLED_FETCHES
+
+
+class _LeaderlessAudit:
+    """nats-py's JetStream as the appender sees it while AUDIT elects a leader: the head request times out
+    ``timeouts`` times (nobody answers), then the empty chain is reported; publishes are acked."""
+
+    def __init__(self, timeouts: int) -> None:
+        self.timeouts = timeouts
+        self.asked = 0
+        self.published: list[dict[str, str]] = []
+
+    async def get_last_msg(self, stream: str, subject: str) -> Any:
+        from nats.js.errors import NotFoundError
+
+        self.asked += 1
+        if self.asked <= self.timeouts:
+            raise nats.errors.TimeoutError
+        raise NotFoundError
+
+    async def publish(self, subject: str, payload: bytes, stream: str, headers: dict[str, str]) -> Any:
+        self.published.append(headers)
+        return SimpleNamespace(seq=len(self.published), duplicate=None)
+
+
+async def test_the_appender_asks_again_for_a_chain_head_nobody_answered() -> None:
+    from remediator.audit import AuditLog
+
+    js = _LeaderlessAudit(timeouts=2)
+    log = AuditLog(js, "test", checkpoint_every=0)  # type: ignore[arg-type]
+    record = await log.append("gpu-node-1", "event_accepted", "xid 79", once="accepted|e1")
+    assert js.asked == 3 and record.seq == 1
+    assert js.published[0]["Nats-Msg-Id"] == "audit|accepted|e1"

@@ -1,4 +1,5 @@
-"""The Kubernetes client's token bucket and its lanes, driven by a fake clock (no test waits on the rate)."""
+"""The Kubernetes client's rate limit (one token bucket handed out in lanes), driven by a fake clock (no test
+waits on the rate)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from remediator.adapters.ratelimit import DeadlineExceeded, LanedLimiter, TokenBucket, current_lane, deadline, lane
+from remediator.adapters.ratelimit import DeadlineExceeded, LanedLimiter, current_lane, deadline, lane
 
 
 class FakeClock:
@@ -35,74 +36,57 @@ def clock() -> FakeClock:
 
 
 def test_starts_full_and_allows_a_burst_without_waiting(clock: FakeClock) -> None:
-    bucket = TokenBucket(rate=20, burst=40, clock=clock, sleep=clock.sleep)
-    delays = [bucket.acquire() for _ in range(40)]
-    assert delays == [0.0] * 40
+    limiter = LanedLimiter(rate=20, burst=40, clock=clock, sleep=clock.sleep)
+    assert [limiter.acquire("read") for _ in range(40)] == [0.0] * 40
     assert clock.slept == []
 
 
-def test_beyond_the_burst_each_call_waits_one_interval_more(clock: FakeClock) -> None:
-    bucket = TokenBucket(rate=10, burst=2, clock=clock, sleep=clock.sleep)
-    assert bucket.reserve() == 0.0
-    assert bucket.reserve() == 0.0
-    # With the clock standing still, reservations queue up at 1/rate each.
-    assert bucket.reserve() == pytest.approx(0.1)
-    assert bucket.reserve() == pytest.approx(0.2)
-    assert bucket.reserve() == pytest.approx(0.3)
+def test_beyond_the_burst_each_call_waits_one_interval(clock: FakeClock) -> None:
+    limiter = LanedLimiter(rate=10, burst=2, clock=clock, sleep=clock.sleep)
+    limiter.acquire()
+    limiter.acquire()
+    assert limiter.acquire() == pytest.approx(0.1)
+    assert limiter.acquire() == pytest.approx(0.1)
+    assert clock.slept == [pytest.approx(0.1)] * 2
 
 
-def test_acquire_sleeps_the_reserved_delay_and_the_rate_holds_over_time(clock: FakeClock) -> None:
-    bucket = TokenBucket(rate=5, burst=1, clock=clock, sleep=clock.sleep)
+def test_the_rate_holds_over_time(clock: FakeClock) -> None:
+    limiter = LanedLimiter(rate=5, burst=1, clock=clock, sleep=clock.sleep)
     start = clock.now
     for _ in range(11):
-        bucket.acquire()
+        limiter.acquire()
     # One free token, then ten more at 5 per second: two seconds of fake time, no more.
     assert clock.now - start == pytest.approx(2.0)
-    assert all(s == pytest.approx(0.2) for s in clock.slept)
-    assert len(clock.slept) == 10
+    assert len(clock.slept) == 10 and all(s == pytest.approx(0.2) for s in clock.slept)
 
 
 def test_refill_is_capped_at_burst(clock: FakeClock) -> None:
-    bucket = TokenBucket(rate=100, burst=3, clock=clock, sleep=clock.sleep)
+    limiter = LanedLimiter(rate=100, burst=3, clock=clock, sleep=clock.sleep)
     for _ in range(3):
-        bucket.acquire()
-    assert bucket.available() == pytest.approx(0.0)
-    clock.advance(3600)
-    assert bucket.available() == pytest.approx(3.0)
-    assert [bucket.try_acquire() for _ in range(4)] == [True, True, True, False]
+        limiter.acquire()
+    clock.advance(3600)  # an hour idle saves up three tokens, not 360,000
+    assert [limiter.acquire() for _ in range(3)] == [0.0] * 3
+    assert limiter.acquire() == pytest.approx(0.01)
 
 
 def test_partial_refill(clock: FakeClock) -> None:
-    bucket = TokenBucket(rate=4, burst=4, clock=clock, sleep=clock.sleep)
+    limiter = LanedLimiter(rate=4, burst=4, clock=clock, sleep=clock.sleep)
     for _ in range(4):
-        assert bucket.try_acquire()
-    assert not bucket.try_acquire()
+        limiter.acquire()
     clock.advance(0.5)  # two tokens back
-    assert bucket.available() == pytest.approx(2.0)
-    assert bucket.try_acquire(2)
-    assert not bucket.try_acquire()
-
-
-def test_try_acquire_does_not_go_into_debt(clock: FakeClock) -> None:
-    bucket = TokenBucket(rate=1, burst=1, clock=clock, sleep=clock.sleep)
-    assert bucket.try_acquire()
-    assert not bucket.try_acquire()
-    assert not bucket.try_acquire()
-    assert bucket.available() == pytest.approx(0.0)
-    clock.advance(1.0)
-    assert bucket.try_acquire()
+    assert [limiter.acquire(), limiter.acquire()] == [0.0, 0.0]
+    assert limiter.acquire() == pytest.approx(0.25)
 
 
 def test_a_clock_stepping_backwards_neither_adds_nor_removes_tokens(clock: FakeClock) -> None:
-    bucket = TokenBucket(rate=1, burst=5, clock=clock, sleep=clock.sleep)
+    limiter = LanedLimiter(rate=1, burst=5, clock=clock, sleep=clock.sleep)
     for _ in range(5):
-        bucket.acquire()
+        limiter.acquire()
     clock.advance(-100)
-    assert bucket.available() == pytest.approx(0.0)
     clock.advance(100)  # back where it was: still nothing earned
-    assert bucket.available() == pytest.approx(0.0)
+    assert limiter.acquire() == pytest.approx(1.0)
     clock.advance(2)
-    assert bucket.available() == pytest.approx(2.0)
+    assert [limiter.acquire(), limiter.acquire()] == [0.0, 0.0]
 
 
 @pytest.mark.parametrize(
@@ -111,42 +95,28 @@ def test_a_clock_stepping_backwards_neither_adds_nor_removes_tokens(clock: FakeC
 )
 def test_rejects_nonsense_configuration(rate: float, burst: int) -> None:
     with pytest.raises(ValueError):
-        TokenBucket(rate=rate, burst=burst)
+        LanedLimiter(rate=rate, burst=burst)
 
 
-def test_rejects_requests_it_can_never_satisfy(clock: FakeClock) -> None:
-    bucket = TokenBucket(rate=1, burst=2, clock=clock, sleep=clock.sleep)
-    with pytest.raises(ValueError):
-        bucket.reserve(3)
-    with pytest.raises(ValueError):
-        bucket.reserve(0)
-    with pytest.raises(ValueError):
-        bucket.try_acquire(0)
-
-
-def test_concurrent_reservations_hand_out_each_slot_once(clock: FakeClock) -> None:
-    """Many threads reserving at one instant get the burst free and then distinct, evenly spaced delays."""
-    bucket = TokenBucket(rate=10, burst=5, clock=clock, sleep=clock.sleep)
-    delays: list[float] = []
-    lock = threading.Lock()
+def test_concurrent_requests_get_each_token_once() -> None:
+    """Many threads at once: the burst free, then one token per 1/rate, none handed out twice."""
+    limiter = LanedLimiter(rate=2000, burst=5)  # real clock and sleep: 35 tokens beyond the burst, ~18 ms
     barrier = threading.Barrier(8)
+    start = time.monotonic()
 
     def worker() -> None:
         barrier.wait()
         for _ in range(5):
-            d = bucket.reserve()
-            with lock:
-                delays.append(d)
+            limiter.acquire("bulk")
 
     threads = [threading.Thread(target=worker) for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=10)
-    assert len(delays) == 40
-    ordered = sorted(round(d, 6) for d in delays)
-    assert ordered[:5] == [0.0] * 5
-    assert ordered[5:] == [round(0.1 * k, 6) for k in range(1, 36)]
+    assert limiter.taken()["bulk"] == 40 and sum(limiter.queued().values()) == 0
+    # 35 tokens beyond the burst cannot have come sooner than the rate allows
+    assert time.monotonic() - start >= 35 / 2000 * 0.9
 
 
 # --- the lanes of the adapter's limiter ----------------------------------------------------------------
