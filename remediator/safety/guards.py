@@ -158,7 +158,9 @@ def dry_run(decision: Decision, snap: SafetySnapshot, now: datetime) -> GuardVer
 
 def cooldown(decision: Decision, snap: SafetySnapshot, now: datetime) -> GuardVerdict:
     """Escalates instead of acting when the target was remediated within the cooldown, or the node/GPU
-    used up its attempts in the window. The decision's own incident never counts (a resumed run)."""
+    used up its attempts in the window. The decision's own incident never counts (a resumed run), nor the
+    incident it supersedes (``labels["supersedes"]``: the handler replaced that decision with this one, e.g.
+    an NCCL suspect found after a no-suspect job restart; the two are one remediation)."""
     p = snap.policy
     if snap.quarantine is None:
         # A job restart or a hand-over to a person takes nothing on the node out of service: another
@@ -166,7 +168,8 @@ def cooldown(decision: Decision, snap: SafetySnapshot, now: datetime) -> GuardVe
         return GuardVerdict("cooldown", True, f"the playbook takes no capacity out of {decision.node}; "
                             "node and GPU cooldowns do not apply")
     since = now - timedelta(seconds=p.attempt_window_s)
-    others = [a for a in snap.attempts if a.incident != decision.incident_id and a.at > since]
+    mine = {decision.incident_id, decision.labels.get("supersedes")}
+    others = [a for a in snap.attempts if a.incident not in mine and a.at > since]
     on_node = [a for a in others if a.node == decision.node]
     gpu = _gpu_key(decision)
     on_gpu = [a for a in on_node if gpu and a.gpu == gpu]

@@ -85,6 +85,24 @@ async def test_restart_job_restarts_every_rank_of_a_pytorchjob(nats_server: Embe
         assert r.sim.node("gpu-node-0")["spec"].get("unschedulable") in (None, False)  # no node touched
 
 
+async def test_a_suspect_found_after_the_no_suspect_restart_is_not_held_back_by_its_cooldown(
+        nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    """The NCCL handler decided "no suspect" on two ranks' reports and the job was restarted; the desync report
+    then named the lagging rank's node and a superseding decision came: the restart it replaces is the same
+    remediation, so the cooldown does not turn the suspect's quarantine into an escalation (the demo's
+    ``nccl-timeout-suspect`` failed so once in CI, when the two ranks' reports were decided before the
+    desync report arrived)."""
+    async with rig(nats_server.url, tmp_path) as r:
+        first = decision("gpu-node-1", "nccl-timeout-no-suspect", job="training/pytorch-0", incident="inc-nosus")
+        assert (await r.executor.execute(first)).outcome == "completed"
+        then = decision("gpu-node-1", "nccl-timeout-suspect", job="training/pytorch-0", incident="inc-sus",
+                        labels={"supersedes": "inc-nosus"})
+        result = await r.executor.execute(then)
+        # the playbook's own ending (a person checks the node), not the cooldown's escalation before any step
+        assert result.done() == ["taint", "restart_job", "escalate"], result.actions
+        assert any(t["key"] == r.settings.taint_key for t in r.sim.node("gpu-node-1")["spec"]["taints"])
+
+
 async def test_opt_out_and_dry_run_touch_nothing(nats_server: EmbeddedNats, tmp_path: Path) -> None:
     async with rig(nats_server.url, tmp_path) as r:
         r.sim.patch("nodes", "gpu-node-1", {"metadata": {"labels": {OPT_OUT_LABEL: "true"}}})

@@ -64,6 +64,11 @@ CASES = [
     ("cooldown", decision(), snap(attempts=tuple(Attempt(f"i{i}", "gpu-node-1", "GPU-0", ago(90_000 + i))
                                                  for i in range(5))), True, "proceed"),
     ("cooldown", decision(), snap(attempts=(Attempt("inc-1", "gpu-node-1", "GPU-0", ago(5)),)), True, "proceed"),
+    # the decision this one supersedes (an NCCL suspect found after the no-suspect restart) is the same remediation
+    ("cooldown", decision(gpu=None).model_copy(update={"labels": {"supersedes": "inc-0"}}),
+     snap(attempts=(Attempt("inc-0", "gpu-node-1", "", ago(1)),)), True, "proceed"),
+    ("cooldown", decision(gpu=None).model_copy(update={"labels": {"supersedes": "inc-9"}}),
+     snap(attempts=(Attempt("inc-0", "gpu-node-1", "", ago(1)),)), False, "escalate"),
     # a job restart takes nothing out of the node: a GPU remediated there a moment ago does not hold it back
     ("cooldown", decision(gpu=None), snap(quarantine=None, attempts=(Attempt("inc-0", "gpu-node-1", "GPU-7",
                                                                              ago(4)),)), True, "proceed"),
