@@ -86,11 +86,32 @@ class NatsCluster:
             time.sleep(0.05)
         raise RuntimeError(f"nats-server {i} did not listen on {self.ports[i]} within {timeout}s")
 
-    def start(self, timeout: float = 30.0) -> None:
-        """Start every server, then wait until JetStream has a meta leader (R3 assets can be created)."""
-        for i in range(self.size):
-            self.start_server(i)
+    def start(self, timeout: float = 30.0, attempts: int = 3) -> None:
+        """Start every server, then wait until JetStream has a meta leader (R3 assets can be created).
+
+        A port found free a moment ago can be taken meanwhile (outgoing connections draw from the same
+        ephemeral range), and nats-server then exits with "address already in use": every server is stopped
+        and the cluster started again on fresh ports, up to ``attempts`` times. Any other exit is an error."""
+        for attempt in range(attempts):
+            try:
+                for i in range(self.size):
+                    self.start_server(i)
+                break
+            except RuntimeError:
+                taken = self._port_was_taken()
+                self.stop()
+                if not taken or attempt == attempts - 1:
+                    raise
+                for i in range(self.size):  # kept for reading, out of the way of the next attempt's check
+                    with contextlib.suppress(FileNotFoundError):
+                        (self.root / f"n{i}.log").rename(self.root / f"n{i}.attempt{attempt + 1}.log")
+                self.ports = [free_port() for _ in range(self.size)]
+                self.route_ports = [free_port() for _ in range(self.size)]
         self.wait_for_jetstream(timeout)
+
+    def _port_was_taken(self) -> bool:
+        logs = (self.root / f"n{i}.log" for i in range(self.size))
+        return any("address already in use" in log.read_text(errors="replace") for log in logs if log.exists())
 
     def wait_for_jetstream(self, timeout: float = 30.0) -> None:
         """Until an R``size`` stream can be created and deleted (the meta group has a leader, every server

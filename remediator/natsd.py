@@ -78,6 +78,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class _ExitedAtStart(RuntimeError):
+    """nats-server exited before it listened (a port taken, a bad configuration)."""
+
+
 class EmbeddedNats:
     """A ``nats-server -js`` child process on a free loopback port.
 
@@ -93,6 +97,9 @@ class EmbeddedNats:
             data_dir = self._tmp.name
         self.data_dir = data_dir
         self.port = port or free_port()
+        # a port we chose may be taken before the server binds it (outgoing connections draw from the same
+        # ephemeral range): until the server first listened, ``start`` may move to a fresh one
+        self._may_move = port is None
         self.proc: subprocess.Popen[bytes] | None = None
         self.store: OperatorStore | None = OperatorStore.open(Path(data_dir) / "identity") if secure else None
 
@@ -136,7 +143,18 @@ class EmbeddedNats:
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 15.0) -> None:
+    def start(self, timeout: float = 15.0, attempts: int = 3) -> None:
+        """Start the server and wait until it answers; a port this class chose that turns out taken at the
+        first start (the server exits at once) is replaced by a fresh one, up to ``attempts`` times."""
+        for attempt in range(attempts):
+            try:
+                return self._start(timeout)
+            except _ExitedAtStart:
+                if not self._may_move or attempt == attempts - 1:
+                    raise
+                self.port = free_port()
+
+    def _start(self, timeout: float) -> None:
         Path(self.data_dir).mkdir(parents=True, exist_ok=True)
         config = self._write_config()
         self.proc = subprocess.Popen(
@@ -150,9 +168,11 @@ class EmbeddedNats:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"nats-server exited with {self.proc.returncode} (port {self.port})")
+                _RUNNING.discard(self)
+                raise _ExitedAtStart(f"nats-server exited with {self.proc.returncode} (port {self.port})")
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.2) as s:
                 if s.recv(4096).startswith(b"INFO"):
+                    self._may_move = False  # clients know this port now
                     self._write_running()
                     return
             time.sleep(0.05)

@@ -144,3 +144,38 @@ def test_bus_init_never_lowers_replicas_or_resets_a_tuned_consumer(nats_cluster:
             await nc.close()
 
     assert asyncio.run(ack_wait()) == 30
+
+
+def test_a_port_taken_between_its_choice_and_the_start_moves_the_cluster_to_fresh_ports() -> None:
+    """A client connection may draw the very port ``free_port`` chose; nats-server then exits with "address
+    already in use" (the CI error this test stands for). The cluster starts again on fresh ports."""
+    import socket
+
+    with socket.socket() as squatter:
+        cluster = NatsCluster(3)
+        squatter.bind(("127.0.0.1", cluster.route_ports[2]))
+        squatter.listen()
+        taken = cluster.route_ports[2]
+        with cluster:  # starts it
+            assert taken not in cluster.route_ports and all(cluster.alive(i) for i in range(3))
+            assert (cluster.root / "n2.attempt1.log").read_text().count("address already in use") == 1
+
+
+def test_an_embedded_server_whose_chosen_port_was_taken_moves_but_a_given_port_does_not() -> None:
+    import socket
+
+    from remediator.natsd import EmbeddedNats
+
+    with socket.socket() as squatter:
+        server = EmbeddedNats()
+        squatter.bind(("127.0.0.1", server.port))
+        squatter.listen()
+        taken = server.port
+        with server:  # starts it
+            assert server.port != taken and server.proc is not None and server.proc.poll() is None
+        given = EmbeddedNats(port=taken)  # a port the user named is theirs to fix: one clear error
+        try:
+            with pytest.raises(RuntimeError, match=f"port {taken}"):
+                given.start()
+        finally:
+            given.close()
