@@ -60,6 +60,7 @@ __all__ = [
     "PermanentError",
     "TemporaryError",
     "auth_of",
+    "await_leaders",
     "bus_ready",
     "connect",
     "connect_within",
@@ -554,7 +555,8 @@ async def _ensure_consumer(js: JetStreamContext, stream: str, config: js_api.Con
 
 
 async def provision(js: JetStreamContext, settings: Settings, *, replicas: int | None = None,
-                    lower_replicas: bool = False, reset_consumers: bool = False) -> list[str]:
+                    lower_replicas: bool = False, reset_consumers: bool = False,
+                    leader_wait_s: float = 30.0) -> list[str]:
     """Declare the streams, KV buckets and durable consumers of DESIGN.md §4; idempotent.
 
     Returns one line per stream, bucket or consumer it created or updated, and one ``drift: ...`` line per
@@ -565,6 +567,8 @@ async def provision(js: JetStreamContext, settings: Settings, *, replicas: int |
     lowered unless ``lower_replicas``. An existing durable consumer is never changed unless
     ``reset_consumers`` (an operator's tuned ack wait stays); its differences are reported. The server
     refuses changes it cannot make (storage type, work-queue retention) and that error is raised unchanged.
+    It returns once every stream, bucket and consumer has a leader (``await_leaders``, up to
+    ``leader_wait_s``).
     """
     want = settings.bus_replicas if replicas is None else replicas
     done: list[str] = []
@@ -576,7 +580,42 @@ async def provision(js: JetStreamContext, settings: Settings, *, replicas: int |
         done += await _ensure_consumer(js, stream, config, reset=reset_consumers)
     for line in done:
         (log.warning if line.startswith("drift:") else log.info)("bus: %s", line)
+    names = [spec.config.name or "" for spec in _stream_specs(settings, want)]
+    names += [f"KV_{bucket}" for bucket, _, _ in _bucket_specs(settings)]
+    durables = [(stream, config.durable_name or "") for stream, config in _consumer_specs(settings)]
+    await await_leaders(js, names, durables, timeout_s=leader_wait_s)
     return done
+
+
+async def await_leaders(js: JetStreamContext, streams: list[str], consumers: list[tuple[str, str]], *,
+                        timeout_s: float) -> None:
+    """Return once every stream in ``streams`` and every ``(stream, durable)`` in ``consumers`` answers with a
+    leader (on one server: at once). A Raft group made a moment ago elects its first leader in its own time,
+    and until then its info request times out, so a ``bus init`` that returned before would leave the first
+    ``serve`` to fail verifying it. Raises ``TemporaryError`` naming what still has no leader."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    quick = js._nc.jetstream(timeout=1.0, prefix=js._prefix)  # the same connection, with short requests
+    pending: list[tuple[str, str | None]] = [(s, None) for s in streams] + [(s, d) for s, d in consumers]
+    while True:
+        still = []
+        for stream, durable in pending:
+            try:
+                info: Any = await (quick.consumer_info(stream, durable) if durable else quick.stream_info(stream))
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+                still.append((stream, durable))
+                continue
+            if info.cluster is not None and not info.cluster.leader:
+                still.append((stream, durable))
+        if not still:
+            return
+        if loop.time() >= deadline:
+            names = ", ".join(f"{s} > {d}" if d else s for s, d in still)
+            raise TemporaryError(f"no Raft leader within {timeout_s:g}s for {names}; the NATS cluster may be "
+                                 "short of servers or still electing: check `nats server report jetstream`, "
+                                 "then run `remediator bus init` again")
+        pending = still
+        await asyncio.sleep(0.2)
 
 
 async def verify(js: JetStreamContext, settings: Settings, *, replicas: int | None = None,

@@ -303,7 +303,10 @@ async def test_the_agent_gets_its_credentials_from_the_service_and_reports_for_i
                 client.agent_key(state).public_key)
 
         await _until(announced, "the agent's own key announced as gpu-node-1's")
-        assert stat.S_IMODE((state / "identity" / "nats.creds").stat().st_mode) == 0o600
+        # the service announces the key as it issues the JWT; the agent writes its file once the answer is in
+        creds_file = state / "identity" / "nats.creds"
+        await _until(creds_file.exists, "the agent's credentials written")
+        assert stat.S_IMODE(creds_file.stat().st_mode) == 0o600
         await _until(lambda: (state / "sim" / "state.json").exists(), "the simulated node written")
         SimGpuNode.attach(state / "sim").inject_xid(1, 79)
         await _until(lambda: cluster.is_cordoned("gpu-node-1"), "gpu-node-1 cordoned from the agent's report")

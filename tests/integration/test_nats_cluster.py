@@ -17,6 +17,7 @@ from chaos.nats_cluster import NatsCluster
 from chaos.sim import KubeApiServer, seed_cluster
 from remediator import bus, subjects
 from remediator.audit import iter_records
+from remediator.errors import TemporaryError
 from remediator.settings import Settings
 
 from .nats_cluster import bus_init, cli_env, post_alert, start_serve, xid_alert
@@ -179,3 +180,34 @@ def test_an_embedded_server_whose_chosen_port_was_taken_moves_but_a_given_port_d
                 given.start()
         finally:
             given.close()
+
+
+async def test_provisioning_returns_once_every_stream_has_a_leader_and_names_those_that_have_none(
+        nats_cluster: NatsCluster) -> None:
+    """``bus init`` returns when what it declared is usable (right after creation an R3 group may still be
+    electing, and the first ``serve`` timed out verifying it in CI); without a quorum it says which."""
+    settings = Settings(bus_replicas=3)
+    nc, js = await bus.connect(nats_cluster.url, name="test-provision")
+    try:
+        await bus.provision(js, settings)
+        for s in STREAMS:  # every one answers at once, with a leader
+            info = await js.stream_info(s)
+            assert info.cluster is not None and info.cluster.leader
+    finally:
+        await nc.close()
+    await asyncio.to_thread(nats_cluster.kill, 1)
+    await asyncio.to_thread(nats_cluster.kill, 2)  # one of three left: no group has a quorum
+    nc, js = await bus.connect(nats_cluster.urls[0], name="test-provision-alone")
+    try:
+        # the survivor may lead FAULTS until it notices it lost its quorum (nats-server's lost-quorum check)
+        deadline = time.monotonic() + 40
+        while True:
+            try:
+                await bus.await_leaders(js, [subjects.FAULTS_STREAM], [], timeout_s=3)
+            except TemporaryError as e:
+                assert "no Raft leader within 3s for FAULTS;" in str(e) and "bus init" in str(e)
+                break
+            assert time.monotonic() < deadline, "the lone server kept a leader for FAULTS for 40 s"
+            await asyncio.sleep(1)
+    finally:
+        await nc.close()
