@@ -160,8 +160,8 @@ class AuditLog:
 
         ``once`` names the record for JetStream's duplicate window (``Nats-Msg-Id: audit|<once>``): a
         redelivered handler that writes it again, not knowing whether its first attempt's append was stored,
-        stores it at most once (the window is FAULTS's, 20 min by default). A dropped repeat leaves the chain
-        as it was and is returned unstored."""
+        stores it at most once (within the streams' ``duplicate_window_s``, 20 min by default). A dropped
+        repeat leaves the chain as it was and is returned unstored."""
         subject = audit_subject(node)
         lock = self._locks.setdefault(subject, asyncio.Lock())
         async with lock:
