@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from nats.js.errors import APIError, KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
@@ -74,6 +74,7 @@ class Documents(Generic[T]):
         self._decode = decode
         self._encode = encode
         self.max_attempts = max_attempts
+        self._turns: dict[str, _Turn] = {}
 
     async def get(self, key: str, *, fresh: bool = False) -> Entry[T]:
         """The document under ``key`` and its revision (0 and ``decode(None)`` when there is none); ``fresh``
@@ -116,20 +117,91 @@ class Documents(Generic[T]):
 
         ``fn`` must be pure: it may run several times. When its first result equals the value it was given,
         nothing is written. Raises ``LostRace`` after ``max_attempts`` lost races in a row.
+
+        Updates of one key that overlap in this process are combined (group commit): they queue in arrival
+        order, and whoever holds the key's turn applies every queued ``fn`` in that order to one read and
+        writes the result once, so a hot document (the safety ledger, which every run's end updates) costs one
+        compare-and-set per batch instead of a lost race, a re-read and a re-encode per overlapping writer.
+        An ``fn`` that raises gets its exception and leaves the value as the ``fn`` before it made it. Writers
+        in other processes are still ordered by the revision, as before.
         """
-        for attempt in range(self.max_attempts):
-            current = await self.get(key, fresh=attempt > 0)
-            new, result = fn(current.value)
-            if new == current.value:
-                return result
-            try:
-                await self.put(key, new, current.revision)
-            except LostRace:
-                if attempt >= 2:  # contended: let the other writers through
-                    await asyncio.sleep(min(0.005 * attempt, 0.05))
-                continue
-            return result
-        raise LostRace(f"{key}: compare-and-set lost {self.max_attempts} times in a row")
+        slot = _Slot(fn, asyncio.get_running_loop().create_future())
+        # a caller cancelled while its slot is in a batch is not there to read an error: mark it read
+        slot.done.add_done_callback(lambda f: f.cancelled() or f.exception())
+        turn = self._turns.get(key)
+        if turn is None:
+            turn = self._turns[key] = _Turn()
+        turn.queue.append(slot)
+        turn.users += 1
+        try:
+            async with turn.lock:
+                if not slot.done.done():
+                    batch, turn.queue = turn.queue, []
+                    # shielded: a caller cancelled mid-write (a step deadline) does not strand the others
+                    await asyncio.shield(asyncio.ensure_future(self._commit(key, batch)))
+        except asyncio.CancelledError:
+            if slot in turn.queue:  # cancelled before its turn: it never applies
+                turn.queue.remove(slot)
+            raise
+        finally:
+            turn.users -= 1
+            if turn.users == 0:
+                del self._turns[key]
+        # normally settled by now; unless a cancelled holder's write, still running, took it in its batch
+        return await asyncio.shield(slot.done)  # type: ignore[no-any-return]
+
+    async def _commit(self, key: str, batch: list[_Slot[T]]) -> None:
+        """Apply ``batch`` in order to one read of ``key``, write once, and settle every slot."""
+        try:
+            for attempt in range(self.max_attempts):
+                current = await self.get(key, fresh=attempt > 0)
+                value, outcomes = current.value, []
+                for slot in batch:
+                    try:
+                        value, result = slot.fn(value)
+                    except Exception as e:  # handed to its own caller below
+                        outcomes.append((slot, None, e))
+                    else:
+                        outcomes.append((slot, result, None))
+                if value != current.value:
+                    try:
+                        await self.put(key, value, current.revision)
+                    except LostRace:
+                        if attempt >= 2:  # contended by another process: let the other writers through
+                            await asyncio.sleep(min(0.005 * attempt, 0.05))
+                        continue
+                for slot, result, error in outcomes:
+                    if error is not None:
+                        slot.done.set_exception(error)
+                    else:
+                        slot.done.set_result(result)
+                return
+            raise LostRace(f"{key}: compare-and-set lost {self.max_attempts} times in a row")
+        except Exception as e:
+            for slot in batch:
+                if not slot.done.done():
+                    slot.done.set_exception(e)
+        except BaseException:
+            for slot in batch:
+                slot.done.cancel()
+            raise
+
+
+@dataclass
+class _Slot(Generic[T]):
+    """One queued ``Documents.update``: its function and the future its caller awaits."""
+
+    fn: Callable[[T], tuple[T, Any]]
+    done: asyncio.Future[Any]
+
+
+@dataclass
+class _Turn:
+    """The updates of one key in flight in this process: whose turn it is to write, and who waits."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    queue: list[Any] = field(default_factory=list)
+    users: int = 0
 
 
 def _identity_decode(raw: dict[str, Any] | None) -> dict[str, Any] | None:

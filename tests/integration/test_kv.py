@@ -3,6 +3,7 @@ retries of a pure update, and the stores built on it."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -187,3 +188,72 @@ async def test_a_lock_held_is_named_even_when_a_lagging_replica_has_not_seen_it(
         assert got == "a|inc-1|x"
     finally:
         await nc.drain()
+
+
+async def test_overlapping_updates_of_one_key_are_combined_into_few_writes_and_lose_none(kv: KeyValue) -> None:
+    docs = json_documents(kv)
+    await docs.put("doc.hot", {"items": []}, 0)
+    puts = 0
+    real_put = docs.put
+
+    async def counted_put(key: str, value: Any, revision: int) -> int:
+        nonlocal puts
+        puts += 1
+        return await real_put(key, value, revision)
+
+    docs.put = counted_put  # type: ignore[method-assign]
+
+    def add(i: int) -> Any:
+        def fn(doc: dict[str, Any] | None) -> tuple[dict[str, Any], int]:
+            items = list((doc or {})["items"])
+            return {"items": [*items, i]}, len(items) + 1
+        return fn
+
+    def refuse(doc: dict[str, Any] | None) -> tuple[dict[str, Any], int]:
+        raise ValueError("not this one")
+
+    calls = [docs.update("doc.hot", add(i)) for i in range(50)]
+    calls.insert(25, docs.update("doc.hot", refuse))
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    errors = [r for r in results if isinstance(r, Exception)]
+    assert [str(e) for e in errors] == ["not this one"]  # only the raising fn fails, and only its caller
+    counts = sorted(r for r in results if isinstance(r, int))
+    assert counts == list(range(1, 51))  # each saw the value its predecessors made: none lost, none twice
+    stored = (await docs.get("doc.hot")).value or {}
+    assert sorted(stored["items"]) == list(range(50))
+    assert puts < 10, puts  # one write per batch, not one (and a lost race) per caller
+    assert docs._turns == {}  # nothing left behind once every update returned
+
+
+async def test_an_update_cancelled_before_its_turn_never_applies_and_strands_no_one(kv: KeyValue) -> None:
+    docs = json_documents(kv)
+    await docs.put("doc.cancel", {"n": 0}, 0)
+    real_put = docs.put
+    gate = asyncio.Event()
+
+    async def slow_put(key: str, value: Any, revision: int) -> int:
+        await gate.wait()
+        return await real_put(key, value, revision)
+
+    docs.put = slow_put  # type: ignore[method-assign]
+
+    def bump(doc: dict[str, Any] | None) -> tuple[dict[str, Any], int]:
+        n = int((doc or {})["n"]) + 1
+        return {"n": n}, n
+
+    first = asyncio.ensure_future(docs.update("doc.cancel", bump))  # holds the turn, its write waits on the gate
+    await asyncio.sleep(0.05)
+    waiting = asyncio.ensure_future(docs.update("doc.cancel", bump))  # queued behind it
+    third = asyncio.ensure_future(docs.update("doc.cancel", bump))
+    await asyncio.sleep(0.05)
+    waiting.cancel()
+    first.cancel()  # cancelled mid-write: its write still lands, and the queue behind it goes on
+    await asyncio.sleep(0.05)
+    gate.set()
+    assert await third == 2
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert (await docs.get("doc.cancel")).value == {"n": 2}  # first and third; the cancelled waiter never applied
+    assert docs._turns == {}
