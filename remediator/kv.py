@@ -148,14 +148,15 @@ class Documents(Generic[T]):
             if turn.users == 0:
                 del self._turns[key]
         # normally settled by now; unless a cancelled holder's write, still running, took it in its batch
-        return await asyncio.shield(slot.done)  # type: ignore[no-any-return]
+        return await asyncio.shield(slot.done)
 
     async def _commit(self, key: str, batch: list[_Slot[T]]) -> None:
         """Apply ``batch`` in order to one read of ``key``, write once, and settle every slot."""
         try:
             for attempt in range(self.max_attempts):
                 current = await self.get(key, fresh=attempt > 0)
-                value, outcomes = current.value, []
+                value = current.value
+                outcomes: list[tuple[_Slot[T], Any, Exception | None]] = []
                 for slot in batch:
                     try:
                         value, result = slot.fn(value)
