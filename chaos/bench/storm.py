@@ -41,7 +41,8 @@ import resource
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -122,8 +123,29 @@ def _event(node: str, now_iso: Any) -> FaultEvent:
                       observed_at=now_iso, received_at=now_iso)
 
 
-async def _one_run(nodes: int, failing: int, *, breaker: bool, progress: Progress, burst: bool = False,
-                   default_limits: bool = False, wait_s: float = 120.0) -> dict[str, Any]:
+@dataclass
+class _Pipeline:
+    """What one benchmark run holds: the bus, the settings, the adapter and the running service parts."""
+
+    server: Any
+    settings: Any
+    adapter: Any
+    kube: Any
+    executor: Any
+    js_x: Any
+    js_p: Any
+    root: Path
+    cordoned_at: dict[str, float]
+    sim_info: dict[str, Any] = field(default_factory=dict)
+
+
+@contextlib.asynccontextmanager
+async def _pipeline(nodes: int, overrides: dict[str, Any], *, label: str,
+                    on_cordon: Callable[[str], None] | None = None) -> AsyncIterator[_Pipeline]:
+    """What ``serve`` runs (dispatcher with the real handlers, executor with the real playbooks and the real
+    Kubernetes adapter) on an embedded secure NATS, against the simulated cluster of ``nodes`` GPU nodes in a
+    child process. ``overrides`` go into ``Settings``; ``on_cordon(node)`` is called (from an adapter thread)
+    when a request cordons a node, whose time lands in ``cordoned_at``. ``sim_info`` is filled on exit."""
     import handlers
     from playbooks.catalog import PlaybookCatalog
     from remediator import bus
@@ -134,22 +156,20 @@ async def _one_run(nodes: int, failing: int, *, breaker: bool, progress: Progres
     from remediator.dispatch import Dispatcher
     from remediator.executor import Executor
     from remediator.natsd import EmbeddedNats
-    from remediator.run import RunLog
-    from remediator.safety import LedgerStore
     from remediator.service import configured_registry
     from remediator.settings import Settings
-    from remediator.subjects import STATE_BUCKET
 
     assert handlers
-    say = progress or (lambda _m: None)
-    label = "with_breaker" if breaker else "storm"
     cordoned_at: dict[str, float] = {}
     lock = threading.Lock()
 
     def mark(node: str, change: Change) -> None:
         if change.changed and change.after.get("unschedulable"):
             with lock:
+                first = node not in cordoned_at
                 cordoned_at.setdefault(node, time.monotonic())
+            if first and on_cordon is not None:
+                on_cordon(node)
 
     class TimedKube(KubeAdapter):
         def cordon(self, node: str) -> Change:
@@ -169,17 +189,12 @@ async def _one_run(nodes: int, failing: int, *, breaker: bool, progress: Progres
         ready, stop_sim, info = ctx.Event(), ctx.Event(), manager.dict()
         child = ctx.Process(target=_serve_sim, args=(nodes, kubeconfig, ready, stop_sim, info), daemon=True)
         child.start()
-        unfinished: list[dict[str, Any]] = []
+        sim_info: dict[str, Any] = {}
         try:
             if not await asyncio.to_thread(ready.wait, 600):
                 raise RuntimeError("the simulated cluster did not start")
-            overrides: dict[str, Any] = {"nats_url": server.url, "kubeconfig": kubeconfig, "replica_id": "storm",
-                                         "drain_grace_period_s": 0, "executor_concurrency": 96}
-            if not breaker:
-                overrides["guards_enabled"] = _BREAKER_LESS if default_limits else "opt_out,dry_run,lock"
-                if not default_limits:
-                    overrides.update(kube_qps=5000.0, kube_burst=5000)
-            settings = Settings(**overrides)
+            settings = Settings(**{"nats_url": server.url, "kubeconfig": kubeconfig, "replica_id": label,
+                                   "drain_grace_period_s": 0, "executor_concurrency": 96, **overrides})
 
             def who(role: str) -> bus.Credentials:  # each part as its own role, the bus declared by admin
                 return bus.Credentials(creds_file=server.creds(role))
@@ -200,75 +215,93 @@ async def _one_run(nodes: int, failing: int, *, breaker: bool, progress: Progres
                                 AgentClient(nc_x))
             stop = asyncio.Event()
             tasks = [asyncio.create_task(dispatcher.run(stop)), asyncio.create_task(executor.run(stop))]
-            victims = [f"gpu-node-{i}" for i in range(0, nodes, max(1, nodes // failing))][:failing]
-            published: dict[str, float] = {}
-            spread = 0.0 if burst else SPREAD_S
-            say(f"{label}: {failing} of {nodes} nodes report Xid 79 " + ("at once" if burst else f"over {spread:g}s"))
-            requests0 = adapter.limiter.taken()
-            cpu0, nats_cpu0 = time.process_time(), _cpu_s(server.proc.pid) if server.proc else None
-            t0 = time.monotonic()
-            events = [_event(node, utcnow()) for node in victims] if burst else []
-            for i, node in enumerate(victims):
-                due = t0 + i * spread / failing
-                delay = due - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                published[node] = time.monotonic()
-                await bus.publish_event(js_p, events[i] if burst else _event(node, utcnow()))
-                if i and i % 100 == 0 and not burst:
-                    say(f"{label}: {i} events published, {len(cordoned_at)} nodes cordoned, "
-                        f"{len(executor.results)} runs finished")
-            deadline = time.monotonic() + wait_s
-            last_say = time.monotonic()
-            finished_at = None
-            while time.monotonic() < deadline:
-                if len(executor.results) >= failing:
-                    finished_at = time.monotonic()
-                    break
-                if time.monotonic() - last_say > 10:
-                    last_say = time.monotonic()
-                    say(f"{label}: {len(cordoned_at)} cordoned, {len(executor.results)} runs finished, "
-                        f"limiter queue {adapter.limiter.queued()}")
-                await asyncio.sleep(0.05)
-            cpu = time.process_time() - cpu0
-            nats_cpu1 = _cpu_s(server.proc.pid) if server.proc else None
-            requests = {lane: n - requests0.get(lane, 0) for lane, n in adapter.limiter.taken().items()}
-            say(f"{label}: {len(cordoned_at)} cordoned, {len(executor.results)} runs finished")
-            stop.set()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            outcomes: dict[str, int] = {}
-            failed_steps: dict[str, int] = {}
-            for r in executor.results:
-                outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
-                for a in r.actions:
-                    if a.status == "failed":
-                        failed_steps[a.step] = failed_steps.get(a.step, 0) + 1
-            kv = await js_x.key_value(STATE_BUCKET)
-            done = {r.node for r in executor.results}
-            runs = RunLog(kv)
-            for node in victims:
-                if node in done:
-                    continue
-                with contextlib.suppress(Exception):
-                    incident = next((r.incident for r in executor.results if r.node == node), None)
-                    unfinished.append({"node": node, "cordoned": node in cordoned_at, "incident": incident})
-            del runs
-            tripped = False
-            with contextlib.suppress(Exception):
-                tripped = (await LedgerStore(kv).read()).breaker.open
-            rss = {"service": _rss_mb(os.getpid(), peak=True) or round(
-                       resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-                   "nats_server": _rss_mb(server.proc.pid, peak=True) if server.proc else None}
-            for nc in (nc_d, nc_x, nc_p):
-                with contextlib.suppress(Exception):
-                    await nc.drain()
-            kube.close()
+            pipe = _Pipeline(server, settings, adapter, kube, executor, js_x, js_p, Path(tmp), cordoned_at, sim_info)
+            try:
+                yield pipe
+            finally:
+                stop.set()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                for nc in (nc_d, nc_x, nc_p):
+                    with contextlib.suppress(Exception):
+                        await nc.drain()
+                kube.close()
         finally:
             stop_sim.set()
             await asyncio.to_thread(child.join, 30)
             if child.is_alive():
                 child.kill()
-            sim_info = dict(info)
+            sim_info.update(dict(info))
+
+
+async def _one_run(nodes: int, failing: int, *, breaker: bool, progress: Progress, burst: bool = False,
+                   default_limits: bool = False, wait_s: float = 120.0) -> dict[str, Any]:
+    from remediator import bus
+    from remediator.safety import LedgerStore
+    from remediator.subjects import STATE_BUCKET
+
+    say = progress or (lambda _m: None)
+    label = "with_breaker" if breaker else "storm"
+    overrides: dict[str, Any] = {}
+    if not breaker:
+        overrides["guards_enabled"] = _BREAKER_LESS if default_limits else "opt_out,dry_run,lock"
+        if not default_limits:
+            overrides.update(kube_qps=5000.0, kube_burst=5000)
+    unfinished: list[dict[str, Any]] = []
+    async with _pipeline(nodes, overrides, label=label) as pipe:
+        server, settings, adapter, executor = pipe.server, pipe.settings, pipe.adapter, pipe.executor
+        cordoned_at = pipe.cordoned_at
+        victims = [f"gpu-node-{i}" for i in range(0, nodes, max(1, nodes // failing))][:failing]
+        published: dict[str, float] = {}
+        spread = 0.0 if burst else SPREAD_S
+        say(f"{label}: {failing} of {nodes} nodes report Xid 79 " + ("at once" if burst else f"over {spread:g}s"))
+        requests0 = adapter.limiter.taken()
+        cpu0, nats_cpu0 = time.process_time(), _cpu_s(server.proc.pid) if server.proc else None
+        t0 = time.monotonic()
+        events = [_event(node, utcnow()) for node in victims] if burst else []
+        for i, node in enumerate(victims):
+            due = t0 + i * spread / failing
+            delay = due - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            published[node] = time.monotonic()
+            await bus.publish_event(pipe.js_p, events[i] if burst else _event(node, utcnow()))
+            if i and i % 100 == 0 and not burst:
+                say(f"{label}: {i} events published, {len(cordoned_at)} nodes cordoned, "
+                    f"{len(executor.results)} runs finished")
+        deadline = time.monotonic() + wait_s
+        last_say = time.monotonic()
+        finished_at = None
+        while time.monotonic() < deadline:
+            if len(executor.results) >= failing:
+                finished_at = time.monotonic()
+                break
+            if time.monotonic() - last_say > 10:
+                last_say = time.monotonic()
+                say(f"{label}: {len(cordoned_at)} cordoned, {len(executor.results)} runs finished, "
+                    f"limiter queue {adapter.limiter.queued()}")
+            await asyncio.sleep(0.05)
+        cpu = time.process_time() - cpu0
+        nats_cpu1 = _cpu_s(server.proc.pid) if server.proc else None
+        requests = {lane: n - requests0.get(lane, 0) for lane, n in adapter.limiter.taken().items()}
+        say(f"{label}: {len(cordoned_at)} cordoned, {len(executor.results)} runs finished")
+        outcomes: dict[str, int] = {}
+        failed_steps: dict[str, int] = {}
+        for r in executor.results:
+            outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
+            for a in r.actions:
+                if a.status == "failed":
+                    failed_steps[a.step] = failed_steps.get(a.step, 0) + 1
+        done = {r.node for r in executor.results}
+        for node in victims:
+            if node not in done:
+                unfinished.append({"node": node, "cordoned": node in cordoned_at})
+        tripped = False
+        with contextlib.suppress(Exception):
+            tripped = (await LedgerStore(await pipe.js_x.key_value(STATE_BUCKET)).read()).breaker.open
+        rss = {"service": _rss_mb(os.getpid(), peak=True) or round(
+                   resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+               "nats_server": _rss_mb(server.proc.pid, peak=True) if server.proc else None}
+    sim_info = pipe.sim_info
     lat = [cordoned_at[n] - published[n] for n in victims if n in cordoned_at]
     if breaker:
         return {"cordoned": len(cordoned_at), "breaker_tripped": tripped, "threshold": settings.breaker_threshold,
@@ -301,6 +334,124 @@ async def _one_run(nodes: int, failing: int, *, breaker: bool, progress: Progres
         "unfinished": unfinished[:20],
         "outcomes": outcomes,
         "failed_steps": failed_steps,
+    }
+
+
+WEBHOOK_TOKEN = "storm-webhook-token-0123456789abcdef"
+
+
+def _alert_body(node: str, n: int) -> bytes:
+    """One dcgm-exporter Xid 79 alert for ``node`` in Alertmanager's webhook payload, fingerprint ``n``."""
+    import json
+
+    from chaos.bench.ingest import _payload_template
+
+    payload = json.loads(_payload_template())
+    alert = payload["alerts"][0]
+    alert["labels"] = {**alert["labels"], "Hostname": node}
+    alert["fingerprint"] = f"{n:016x}"
+    payload["commonLabels"] = alert["labels"]
+    return json.dumps(payload, separators=(",", ":")).encode()
+
+
+async def _post(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, port: int, body: bytes) -> int:
+    """POST ``body`` to ``/v1/alertmanager`` on a keep-alive connection; the answer's status."""
+    writer.write(b"POST /v1/alertmanager HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
+                 b"Authorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s"
+                 % (port, WEBHOOK_TOKEN.encode(), len(body), body))
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    await reader.readexactly(length)
+    return int(head.split(b" ", 2)[1])
+
+
+async def webhook(nodes: int = 1500, alerts: int = 100, progress: Progress = None) -> dict[str, Any]:
+    """Alertmanager POST to cordon, one alert at a time, through what ``serve`` runs.
+
+    The ingest app (``create_app``, bearer token, audit) under uvicorn in the service's event loop, as
+    ``serve`` has it, then FAULTS, the dispatcher, REMEDIATIONS, the executor and the quarantine PATCH to the
+    simulated API server (a child process). Each alert names another node; the next is posted once the run
+    before it has finished, so every alert meets an idle service. A latency is from just before the POST is
+    written to the return of the request that cordoned its node (``*_cordon_ms``); ``*_answer_ms`` is the
+    webhook's own answer (after JetStream's ack). Shipped client limit and guards but breaker and budget.
+    """
+    import uvicorn
+
+    from remediator import bus
+    from remediator.audit import AuditLog
+    from remediator.ingest.app import create_app
+    from remediator.natsd import free_port
+    from remediator.service import _EmbeddedServer
+
+    if not 0 < alerts <= nodes:
+        raise ValueError("need 0 < alerts <= nodes")
+    say = progress or (lambda _m: None)
+    loop = asyncio.get_running_loop()
+    cordoned: dict[str, asyncio.Event] = {}
+
+    def on_cordon(node: str) -> None:
+        event = cordoned.get(node)
+        if event is not None:
+            loop.call_soon_threadsafe(event.set)
+
+    overrides = {"guards_enabled": _BREAKER_LESS, "api_tokens": f"alertmanager:{WEBHOOK_TOKEN}"}
+    answer_ms: list[float] = []
+    cordon_ms: list[float] = []
+    statuses: dict[int, int] = {}
+    async with _pipeline(nodes, overrides, label="webhook", on_cordon=on_cordon) as pipe:
+        nc_i, js_i = await bus.connect(pipe.server.url, name="storm-ingest",
+                                       credentials=bus.Credentials(creds_file=pipe.server.creds("ingest")))
+        app = create_app(settings=pipe.settings, nc=nc_i, js=js_i, audit=AuditLog(js_i, "storm-ingest"))
+        port = free_port()
+        http = _EmbeddedServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                              access_log=False, lifespan="off"))
+        serving = asyncio.create_task(http.serve())
+        try:
+            while not http.started:
+                if serving.done():
+                    serving.result()
+                await asyncio.sleep(0.02)
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            victims = [f"gpu-node-{i}" for i in range(0, nodes, max(1, nodes // alerts))][:alerts]
+            say(f"webhook: {alerts} alerts, one at a time, each for another of {nodes} nodes")
+            requests0 = pipe.adapter.limiter.taken()
+            for n, node in enumerate(victims):
+                cordoned[node] = asyncio.Event()
+                body = _alert_body(node, n + 1)
+                t0 = time.monotonic()
+                status = await _post(reader, writer, port, body)
+                answer_ms.append(1000 * (time.monotonic() - t0))
+                statuses[status] = statuses.get(status, 0) + 1
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(cordoned[node].wait(), 30)
+                if node in pipe.cordoned_at:
+                    cordon_ms.append(1000 * (pipe.cordoned_at[node] - t0))
+                deadline = time.monotonic() + 30
+                while len(pipe.executor.results) <= n and time.monotonic() < deadline:  # noqa: ASYNC110 - a list
+                    await asyncio.sleep(0.01)
+                if n and n % 25 == 0:
+                    say(f"webhook: {n} alerts, {len(cordon_ms)} cordoned")
+            requests = sum(v - requests0.get(k, 0) for k, v in pipe.adapter.limiter.taken().items())
+            writer.close()
+        finally:
+            http.should_exit = True
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(serving, 10)
+            with contextlib.suppress(Exception):
+                await nc_i.drain()
+    return {
+        "nodes": nodes,
+        "alerts": alerts,
+        "answers": {str(k): v for k, v in sorted(statuses.items())},
+        "cordoned": len(cordon_ms),
+        "p50_cordon_ms": round(_percentile(cordon_ms, 0.50), 2),
+        "p99_cordon_ms": round(_percentile(cordon_ms, 0.99), 2),
+        "max_cordon_ms": round(max(cordon_ms), 2) if cordon_ms else None,
+        "p50_answer_ms": round(_percentile(answer_ms, 0.50), 2),
+        "p99_answer_ms": round(_percentile(answer_ms, 0.99), 2),
+        "api_requests_per_incident": round(requests / alerts, 2),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
     }
 
 

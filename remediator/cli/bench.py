@@ -1,4 +1,4 @@
-"""``remediator bench ingest|classify|storm|dispatch|agent``: benchmarks that print figures (DESIGN.md §10).
+"""``remediator bench ingest|classify|storm|webhook|dispatch|agent``: benchmarks that print figures (DESIGN.md §10).
 
 Where it sits: a thin CLI over the benchmarks beside the chaos harness; each lives in ``chaos.bench.<name>``
 and is imported only when run, so loading the CLI never loads the chaos package. With ``--json`` standard
@@ -77,6 +77,19 @@ def storm(nodes: int, failing: int, burst: bool, default_limits: bool, skip_brea
 
     _emit(asyncio.run(mod.run(nodes=nodes, failing=failing, progress=_progress, burst=burst,
                               default_limits=default_limits, breaker_run=not skip_breaker, wait_s=wait_s)), as_json)
+
+
+@bench.command("webhook")
+@click.option("--nodes", default=1500, show_default=True, type=click.IntRange(2, 200_000))
+@click.option("--alerts", default=100, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def webhook(nodes: int, alerts: int, as_json: bool) -> None:
+    """Alertmanager POST to cordon, one alert at a time, through the real webhook and pipeline."""
+    if alerts > nodes:
+        raise click.BadParameter("--alerts cannot exceed --nodes")
+    from chaos.bench import storm as mod
+
+    _emit(asyncio.run(mod.webhook(nodes=nodes, alerts=alerts, progress=_progress)), as_json)
 
 
 @bench.command("dispatch")

@@ -36,3 +36,11 @@ def test_bench_storm_prints_its_keys() -> None:
         assert key in doc, doc
     assert set(doc["rss_mb"]) == {"service", "simulator", "nats_server"}  # type: ignore[arg-type]
     assert doc["cordoned"] == 4 and doc["finished"] == 4 and doc["unfinished"] == []
+
+
+def test_bench_webhook_cordons_every_alerted_node_one_at_a_time() -> None:
+    doc = _bench("webhook", "--nodes", "12", "--alerts", "3")
+    for key in ("p50_cordon_ms", "p99_cordon_ms", "max_cordon_ms", "p50_answer_ms", "p99_answer_ms",
+                "api_requests_per_incident", "load_average"):
+        assert key in doc, doc
+    assert doc["answers"] == {"200": 3} and doc["cordoned"] == 3  # every POST accepted, every node cordoned
