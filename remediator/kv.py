@@ -27,17 +27,22 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from nats.errors import MaxPayloadError
 from nats.js.errors import APIError, KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from remediator.errors import Conflict
+from remediator.errors import Conflict, PermanentError
 
-__all__ = ["Documents", "Entry", "LostRace", "json_documents", "leader_view"]
+__all__ = ["DocumentTooLarge", "Documents", "Entry", "LostRace", "json_documents", "leader_view"]
 
 _WRONG_LAST_SEQUENCE = 10071  # JetStream: "wrong last sequence"
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+
+class DocumentTooLarge(PermanentError):
+    """A document grew past what one NATS message may carry (the server's ``max_payload``, 1 MB by default)."""
 
 
 class LostRace(Conflict):
@@ -98,6 +103,9 @@ class Documents(Generic[T]):
             raise LostRace(f"{key}: changed by another writer since revision {revision}") from e
         except KeyNotFoundError as e:  # create: the leader has the key, the replica nats-py asked has not yet
             raise LostRace(f"{key}: created by another writer (a replica had not seen it yet)") from e
+        except MaxPayloadError as e:
+            raise DocumentTooLarge(f"{key}: a document of {len(data):,} bytes is over the NATS server's "
+                                   "max_payload (1 MB by default); raise max_payload in its configuration") from e
 
     async def delete(self, key: str, revision: int) -> bool:
         """Delete ``key`` if it is still at ``revision``; False when it moved on (someone else owns it now)."""

@@ -6,6 +6,7 @@ Where it sits: used by every producer and consumer; nothing here talks to NATS.
 from __future__ import annotations
 
 import re
+import zlib
 
 FAULTS_STREAM = "FAULTS"
 REMEDIATIONS_STREAM = "REMEDIATIONS"
@@ -65,6 +66,19 @@ def gpu_key(uuid: str) -> str:
 
 LEDGER_KEY = "safety.ledger"
 """The safety ledger: budget reservations and the circuit breaker, one document shared by every replica."""
+
+HANDOVER_SHARDS = 16
+"""How many documents the ledger's handovers are spread over (``handover_shard_key``)."""
+
+
+def handover_shard_key(reservation: str) -> str:
+    """KV key of the handover shard that holds the handover of ``reservation`` (``<node>|<gpu>``):
+    ``safety.handovers.<00-0f>`` by CRC-32, so no one document grows with the fleet (a NATS message, and so
+    a KV value, is at most 1 MB by default: about 4,000 handovers)."""
+    return HANDOVER_SHARD_KEYS[zlib.crc32(reservation.encode()) % HANDOVER_SHARDS]
+
+
+HANDOVER_SHARD_KEYS = tuple(f"safety.handovers.{i:02x}" for i in range(HANDOVER_SHARDS))
 
 _JOB_TOKEN_RE = re.compile(r"[^A-Za-z0-9_-]")
 

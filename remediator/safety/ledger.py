@@ -1,6 +1,9 @@
 """The safety ledger: blast-radius budget reservations and the circuit breaker, shared by every replica.
 
-Where it sits: in ``remediator.safety``, one document ``safety.ledger`` in ``remediator-state``. ``safety.gate``
+Where it sits: in ``remediator.safety``, one document ``safety.ledger`` in ``remediator-state`` (the breaker
+and the reservations: bounded by the runs in flight) and the handovers spread over ``HANDOVER_SHARDS``
+documents ``safety.handovers.<00-0f>`` (``subjects.handover_shard_key``), since they are bounded only by
+the targets left out of service: in one document they passed NATS's 1 MB message limit at about 4,000. ``safety.gate``
 reads it into the guard snapshot (reserved nodes count as out of service; the breaker's recent quarantines)
 and commits what a verdict implies (a reservation and a quarantine count, or a trip) by compare-and-set,
 re-evaluating the guards when another replica changed it first. The executor releases a run's reservation
@@ -12,18 +15,21 @@ release`` drops one by hand; ``remediator breaker reset`` closes the breaker. Ev
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from nats.js.kv import KeyValue
 
 from remediator.contracts import Decision
-from remediator.kv import Documents
-from remediator.subjects import LEDGER_KEY
+from remediator.kv import Documents, LostRace
+from remediator.subjects import HANDOVER_SHARD_KEYS, LEDGER_KEY, handover_shard_key
 
 __all__ = ["BreakerState", "Ledger", "LedgerStore", "reservation_key"]
+
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -82,15 +88,25 @@ class Ledger:
     breaker: BreakerState = field(default_factory=BreakerState)
     reservations: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     handovers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # Handovers still inside the ledger document, written before they moved to their shards: read, counted
+    # and settled like the rest (they are in ``handovers`` too), never added to. Empty on a new bus.
+    inline: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, repr=False)
 
     def to_json(self) -> dict[str, Any]:
+        """The ledger document: breaker, reservations and the inline handovers (the sharded ones are not
+        part of it; ``LedgerStore`` writes them)."""
         return {"breaker": self.breaker.to_json(), "reservations": {k: dict(v) for k, v in self.reservations.items()},
-                "handovers": {k: dict(v) for k, v in self.handovers.items()}}
+                "handovers": {k: dict(v) for k, v in self.inline.items()}}
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> Ledger:
-        return Ledger(BreakerState.from_json(d.get("breaker", {})), dict(d.get("reservations", {})),
-                      dict(d.get("handovers", {})))
+        inline = dict(d.get("handovers", {}))
+        return Ledger(BreakerState.from_json(d.get("breaker", {})), dict(d.get("reservations", {})), inline,
+                      inline)
+
+    def with_sharded(self, sharded: Mapping[str, Mapping[str, Any]]) -> Ledger:
+        """This ledger document with the handovers of the shards added to its view (``handovers``)."""
+        return replace(self, handovers={**self.inline, **sharded})
 
     def holds(self, decision: Decision) -> bool:
         """Whether the decision's incident holds the reservation of its target."""
@@ -154,22 +170,75 @@ def _encode(ledger: Ledger) -> dict[str, Any]:
     return ledger.to_json()
 
 
+def _decode_shard(raw: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    return dict(raw or {})
+
+
+def _encode_shard(shard: dict[str, dict[str, Any]]) -> Mapping[str, Any]:
+    return shard
+
+
 class LedgerStore:
-    """The ledger document of the state bucket."""
+    """The ledger document and the handover shards of the state bucket."""
 
     def __init__(self, kv: KeyValue, *, max_attempts: int = 50) -> None:
         self.docs = Documents(kv, _decode, _encode, max_attempts=max_attempts)
+        self.shards = Documents(kv, _decode_shard, _encode_shard, max_attempts=max_attempts)
+
+    async def _sharded(self, *, fresh: bool = False) -> dict[str, Mapping[str, Any]]:
+        """Every sharded handover, the shards read at once."""
+        entries = await asyncio.gather(*(self.shards.get(k, fresh=fresh) for k in HANDOVER_SHARD_KEYS))
+        return {key: h for e in entries for key, h in e.value.items()}
 
     async def read(self) -> Ledger:
-        return (await self.docs.get(LEDGER_KEY)).value
+        """The ledger with every handover, inline and sharded."""
+        doc = (await self.docs.get(LEDGER_KEY)).value
+        return doc.with_sharded(await self._sharded())
+
+    async def update(self, fn: Callable[[Ledger], tuple[Ledger, R]]) -> R:
+        """``fn`` over the whole ledger (handovers included), its result stored by compare-and-set on the
+        ledger document; ``fn`` must leave the handovers as they are (the gate's decisions do).
+
+        The document is read before the shards, so a handover that a run's end wrote before releasing its
+        reservation is seen, or the release came after the read and the write loses the race: a target is
+        never counted by neither."""
+        for attempt in range(self.docs.max_attempts):
+            current = await self.docs.get(LEDGER_KEY, fresh=attempt > 0)
+            whole = current.value.with_sharded(await self._sharded(fresh=attempt > 0))
+            new, result = fn(whole)
+            if new == whole:
+                return result
+            try:
+                await self.docs.put(LEDGER_KEY, new, current.revision)
+            except LostRace:
+                await asyncio.sleep(min(0.005 * attempt, 0.05))
+                continue
+            return result
+        raise LostRace(f"{LEDGER_KEY}: compare-and-set lost {self.docs.max_attempts} times in a row")
 
     async def settle(self, decision: Decision, *, released: bool) -> None:
         """Settle ``decision``'s reservation at the end of its run (see ``Ledger.settled``)."""
         await self.docs.update(LEDGER_KEY, lambda led: (led.settled(decision, released=released), None))
 
     async def finish(self, decision: Decision, handover: Mapping[str, Any] | None) -> None:
-        """End ``decision``'s run in the ledger (see ``Ledger.finished``): the reservation is released."""
-        await self.docs.update(LEDGER_KEY, lambda led: (led.finished(decision, handover), None))
+        """End ``decision``'s run (see ``Ledger.finished``): its target's handover written to (or, when it
+        left nothing out, its own removed from) the target's shard first, then its reservation released."""
+        key = reservation_key(decision)
+
+        def shard(doc: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], None]:
+            if handover is not None:
+                return ({**doc, key: dict(handover)} if doc.get(key) != handover else doc), None
+            if (doc.get(key) or {}).get("incident") == decision.incident_id:
+                return {k: v for k, v in doc.items() if k != key}, None
+            return doc, None
+
+        await self.shards.update(handover_shard_key(key), shard)
+
+        def release(led: Ledger) -> tuple[Ledger, None]:
+            new = led.without_reservation(key, decision.incident_id)
+            return _without_inline(new, key, decision.incident_id), None
+
+        await self.docs.update(LEDGER_KEY, release)
 
     async def release(self, key: str, incident: str | None = None) -> Mapping[str, Any] | None:
         """Drop the reservation ``key`` (only ``incident``'s, when given); returns it, None when there was
@@ -181,15 +250,33 @@ class LedgerStore:
         return await self.docs.update(LEDGER_KEY, drop)
 
     async def settle_handover(self, key: str, incident: str | None = None) -> Mapping[str, Any] | None:
-        """Drop the handover ``key`` (only ``incident``'s, when given); returns it, None when already gone."""
-        def drop(led: Ledger) -> tuple[Ledger, Mapping[str, Any] | None]:
-            cur = led.handovers.get(key)
-            new = led.without_handover(key, incident)
-            return new, (cur if new is not led else None)
-        return await self.docs.update(LEDGER_KEY, drop)
+        """Drop the handover ``key`` (only ``incident``'s, when given) from its shard and, if it is one, from
+        the document; returns it, None when already gone."""
+        def drop(doc: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], Mapping[str, Any] | None]:
+            cur = doc.get(key)
+            if cur is None or (incident is not None and cur.get("incident") != incident):
+                return doc, None
+            return {k: v for k, v in doc.items() if k != key}, cur
+
+        def drop_inline(led: Ledger) -> tuple[Ledger, Mapping[str, Any] | None]:
+            new = _without_inline(led, key, incident)
+            return new, (led.inline.get(key) if new is not led else None)
+
+        sharded = await self.shards.update(handover_shard_key(key), drop)
+        inline = await self.docs.update(LEDGER_KEY, drop_inline)
+        return sharded or inline
 
     async def reset_breaker(self) -> BreakerState:
         """Close the breaker (its quarantine count starts over), keeping the reservations; returns the
         breaker as it was."""
         return await self.docs.update(LEDGER_KEY,
                                       lambda led: (replace(led, breaker=BreakerState()), led.breaker))
+
+
+def _without_inline(led: Ledger, key: str, incident: str | None) -> Ledger:
+    """``led`` without the inline handover ``key`` (only ``incident``'s, when given)."""
+    cur = led.inline.get(key)
+    if cur is None or (incident is not None and cur.get("incident") != incident):
+        return led
+    inline = {k: v for k, v in led.inline.items() if k != key}
+    return replace(led, inline=inline, handovers={k: v for k, v in led.handovers.items() if k != key})

@@ -1,0 +1,100 @@
+"""The safety ledger at fleet scale against a real nats-server: handovers live in their shards, so thousands
+of targets left out of service fit (in one document they passed NATS's 1 MB message limit at about 4,000,
+and every run's end then failed); handovers written inline by older code are still read, counted and
+settled; and the gate counts a sharded handover when it decides."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import pytest
+from nats.js.kv import KeyValue
+
+from remediator import bus
+from remediator.kv import DocumentTooLarge, json_documents
+from remediator.natsd import EmbeddedNats
+from remediator.run import handover_of
+from remediator.safety import LedgerStore, reservation_key
+from remediator.safety.ledger import Ledger
+from remediator.subjects import HANDOVER_SHARD_KEYS, LEDGER_KEY, STATE_BUCKET, handover_shard_key
+
+from .executor_support import T0, decision, fast_settings
+
+pytestmark = pytest.mark.timeout(180)
+
+LEFT = {"out_of_service": True, "ours": ["taint", "cordon"], "pool": "default"}
+
+
+@pytest.fixture
+async def kv(nats_server: EmbeddedNats) -> AsyncIterator[KeyValue]:
+    nc, js = await bus.connect(nats_server.url)
+    try:
+        await bus.provision(js, fast_settings(nats_server.url))
+        yield await js.key_value(STATE_BUCKET)
+    finally:
+        await nc.drain()
+
+
+async def test_five_thousand_handovers_fit_and_the_ledger_document_stays_small(kv: KeyValue) -> None:
+    store = LedgerStore(kv)
+    runs = [decision(f"gpu-node-{i:05d}", "gpu-lost", gpu=0, incident=f"inc-{i:05d}") for i in range(5000)]
+    for start in range(0, len(runs), 500):  # as a storm's runs end: many at once
+        await asyncio.gather(*(store.finish(d, handover_of(d, "escalated", LEFT, T0)) for d in runs[start:start + 500]))
+    led = await store.read()
+    assert len(led.handovers) == 5000
+    assert led.handovers[reservation_key(runs[1234])]["incident"] == "inc-01234"
+    as_one_document = len(json.dumps({k: dict(v) for k, v in led.handovers.items()}))
+    assert as_one_document > 1024 * 1024  # would not have fitted in one NATS message
+    # the document holds the breaker and the reservations only (here: never written, nothing reserved)
+    assert len(json.dumps((await json_documents(kv).get(LEDGER_KEY)).value or {})) < 1000
+    sizes = [len((await kv.get(k)).value or b"") for k in HANDOVER_SHARD_KEYS]
+    assert max(sizes) < 1.5 * sum(sizes) / len(sizes)  # spread evenly over the shards
+
+    # A run's end that left nothing out removes its own handover and nobody else's.
+    await store.finish(runs[7], None)
+    await store.finish(runs[8].model_copy(update={"incident_id": "inc-someone-else"}), None)
+    after = (await store.read()).handovers
+    assert reservation_key(runs[7]) not in after and reservation_key(runs[8]) in after and len(after) == 4999
+
+
+async def test_handovers_written_inline_by_older_code_are_read_counted_and_settled(kv: KeyValue) -> None:
+    store = LedgerStore(kv)
+    old = decision("gpu-node-1", "gpu-lost", gpu=0, incident="inc-old")
+    legacy = {"breaker": {"open": False}, "reservations": {},
+              "handovers": {reservation_key(old): handover_of(old, "escalated", LEFT, T0)}}
+    await json_documents(kv).put(LEDGER_KEY, legacy, 0)
+    new = decision("gpu-node-2", "gpu-lost", gpu=0, incident="inc-new")
+    await store.finish(new, handover_of(new, "escalated", LEFT, T0))
+    led = await store.read()
+    assert {h["incident"] for h in led.handovers.values()} == {"inc-old", "inc-new"}
+    # a gate decision rewrites the document and keeps the inline handover in it
+    await store.update(lambda whole: (replace(whole, reservations={"x|": {"incident": "inc-x"}}), None))
+    assert "inc-old" in json.dumps(json.loads((await kv.get(LEDGER_KEY)).value or b"")["handovers"])
+    assert (await store.settle_handover(reservation_key(old), "inc-old")) is not None
+    assert (await store.settle_handover(reservation_key(old), "inc-old")) is None  # already gone
+    led = await store.read()
+    assert set(led.handovers) == {reservation_key(new)} and led.inline == {}
+
+
+async def test_the_gate_reads_the_sharded_handovers_inside_its_compare_and_set(kv: KeyValue) -> None:
+    store = LedgerStore(kv)
+    gone = decision("gpu-node-3", "gpu-lost", gpu=0, incident="inc-gone")
+    await store.finish(gone, handover_of(gone, "escalated", LEFT, T0))
+    seen: list[Ledger] = []
+
+    def look(whole: Ledger) -> tuple[Ledger, None]:
+        seen.append(whole)
+        return whole, None
+
+    await store.update(look)
+    assert [h["incident"] for h in seen[-1].handovers.values()] == ["inc-gone"]
+    assert handover_shard_key(reservation_key(gone)) in HANDOVER_SHARD_KEYS
+
+
+async def test_a_document_over_the_message_limit_is_refused_with_the_fix_named(kv: KeyValue) -> None:
+    docs = json_documents(kv)
+    with pytest.raises(DocumentTooLarge, match="max_payload"):
+        await docs.put("doc.huge", {"x": "y" * (1024 * 1024 + 10)}, 0)
