@@ -247,6 +247,28 @@ def _raw_taints(node: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [dict(t) for t in (node.get("spec") or {}).get("taints") or []]
 
 
+# What the adapter reads of a Node: the node cache keeps only this (client-go's informer transform), so a
+# 100,000-node cache does not hold every node's image list (the kubelet reports up to 50 images, often half a
+# node's JSON) and managedFields. Nothing here is written back: patches are merge patches of the fields they
+# change, with the resourceVersion as precondition.
+_NODE_FIELDS: dict[str, tuple[str, ...]] = {
+    "metadata": ("name", "uid", "resourceVersion", "labels", "annotations", "creationTimestamp"),
+    "spec": ("unschedulable", "taints", "providerID"),
+    "status": ("conditions", "capacity", "allocatable", "nodeInfo"),
+}
+
+
+def slim_node(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """``raw`` (a Node) with only the fields the adapter reads (``_NODE_FIELDS``), ``kind`` and
+    ``apiVersion``; the node cache stores this."""
+    out: dict[str, Any] = {k: raw[k] for k in ("apiVersion", "kind") if k in raw}
+    for part, keys in _NODE_FIELDS.items():
+        src = raw.get(part)
+        if isinstance(src, Mapping):
+            out[part] = {k: src[k] for k in keys if k in src}
+    return out
+
+
 def _unschedulable(node: Mapping[str, Any]) -> bool:
     return bool((node.get("spec") or {}).get("unschedulable"))
 
@@ -624,7 +646,8 @@ class KubeAdapter:
         ``resourceVersion`` precondition and re-read from the API server after a conflict."""
         if self.node_cache is None:
             self.node_cache = NodeCache(self._node_snapshot, self._node_events, resync_s=resync_s,
-                                        watch_timeout_s=watch_timeout_s, clock=self._clock).start()
+                                        watch_timeout_s=watch_timeout_s, clock=self._clock,
+                                        transform=slim_node).start()
         return self.node_cache
 
     def _node_snapshot(self) -> tuple[list[dict[str, Any]], str]:

@@ -61,8 +61,10 @@ class NodeCache:
     """The store and the list-then-watch loop (a daemon thread, ``start``/``stop``)."""
 
     def __init__(self, lister: Lister, watcher: Watcher, *, resync_s: float = 300.0, watch_timeout_s: float = 60.0,
-                 stale_after_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 stale_after_s: float = 30.0, clock: Callable[[], float] = time.monotonic,
+                 transform: Callable[[Mapping[str, Any]], dict[str, Any]] = dict) -> None:
         self._list = lister
+        self._transform = transform  # what is stored of each object (client-go's SetTransform); a copy
         self._watch = watcher
         self.resync_s = resync_s
         self.watch_timeout_s = watch_timeout_s
@@ -116,7 +118,7 @@ class NodeCache:
         with self._lock:
             held = self._nodes.get(str(name))
             if held is None or newer(_rv(obj), _rv(held)):
-                self._nodes[str(name)] = dict(obj)
+                self._nodes[str(name)] = self._transform(obj)
 
     # --- the loop --------------------------------------------------------------------------------------
 
@@ -135,7 +137,7 @@ class NodeCache:
 
     def _relist(self) -> None:
         items, rv = self._list()
-        fresh = {str(o["metadata"]["name"]): o for o in items if (o.get("metadata") or {}).get("name")}
+        fresh = {str(o["metadata"]["name"]): self._transform(o) for o in items if (o.get("metadata") or {}).get("name")}
         with self._lock:
             self._nodes = fresh
             self._rv = rv
@@ -162,7 +164,7 @@ class NodeCache:
             elif kind in ("ADDED", "MODIFIED") and name:
                 held = self._nodes.get(name)
                 if held is None or newer(rv, _rv(held)):
-                    self._nodes[name] = dict(obj)
+                    self._nodes[name] = self._transform(obj)
             else:
                 return False
             if rv:

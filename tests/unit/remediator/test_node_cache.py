@@ -125,3 +125,47 @@ def test_an_api_that_keeps_failing_stops_serving_reads_after_stale_after_s() -> 
         assert not cache.synced
     finally:
         cache.stop()
+
+
+def _real_node(name: str, rv: int) -> dict[str, Any]:
+    """A GPU node as a kubelet reports it: 50 images and managedFields make up most of its JSON."""
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": str(rv),
+                     "creationTimestamp": "2026-01-01T00:00:00Z",
+                     "labels": {"nvidia.com/gpu.count": "8", "gpu-remediator.io/pool": "a"},
+                     "annotations": {"gpu-remediator.io/withdrawn-gpus": '["GPU-1"]'},
+                     "managedFields": [{"manager": "kubelet", "operation": "Update",
+                                        "fieldsV1": {f"f:{i}": {} for i in range(200)}}]},
+        "spec": {"providerID": "aws:///i-1", "podCIDR": "10.0.0.0/24", "unschedulable": True,
+                 "taints": [{"key": "gpu-remediator.io/quarantine", "effect": "NoSchedule"}]},
+        "status": {"capacity": {"nvidia.com/gpu": "8"}, "allocatable": {"nvidia.com/gpu": "7"},
+                   "conditions": [{"type": "Ready", "status": "True"}],
+                   "nodeInfo": {"bootID": "b-1", "kubeletVersion": "v1.33.1"},
+                   "addresses": [{"type": "InternalIP", "address": "10.0.0.7"}],
+                   "images": [{"names": [f"nvcr.io/nvidia/image-{i}@sha256:{'0' * 64}"], "sizeBytes": 10**9}
+                              for i in range(50)],
+                   "volumesInUse": ["kubernetes.io/csi/ebs^vol-1"]},
+    }
+
+
+def test_the_adapter_caches_only_what_it_reads_of_a_node_and_reads_the_same() -> None:
+    import json
+
+    from remediator.adapters.kube import KubeAdapter, slim_node
+
+    full = _real_node("gpu-1", 3)
+    api = ScriptedApi()
+    api.nodes = {"gpu-1": full}
+    cache = NodeCache(api.lister, api.watcher, transform=slim_node).start()
+    try:
+        assert cache.wait_synced(5)
+        held = cache.get("gpu-1") or {}
+        assert "managedFields" not in held["metadata"] and "images" not in held["status"]
+        assert len(json.dumps(held)) * 4 < len(json.dumps(full))  # a quarter of the object, or less
+        assert KubeAdapter._node_summary(held) == KubeAdapter._node_summary(full)  # every field read is kept
+        assert KubeAdapter._is_gpu_node(held) and KubeAdapter._withdrawn(held) == ["GPU-1"]
+        cache.observe(_real_node("gpu-1", 4))  # what a write of ours returned: slimmed too
+        assert "images" not in (cache.get("gpu-1") or {})["status"]
+    finally:
+        cache.stop()
