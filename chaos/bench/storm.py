@@ -372,7 +372,9 @@ async def webhook(nodes: int = 1500, alerts: int = 100, progress: Progress = Non
     The ingest app (``create_app``, bearer token, audit) under uvicorn in the service's event loop, as
     ``serve`` has it, then FAULTS, the dispatcher, REMEDIATIONS, the executor and the quarantine PATCH to the
     simulated API server (a child process). Each alert names another node; the next is posted once the run
-    before it has finished, so every alert meets an idle service. A latency is from just before the POST is
+    before it has finished and the client limit has refilled the tokens that run took (its requests at
+    ``kube_qps``), so every alert meets an idle service; ``limiter_wait_ms_per_incident`` shows what waiting
+    for tokens remained. A latency is from just before the POST is
     written to the return of the request that cordoned its node (``*_cordon_ms``); ``*_answer_ms`` is the
     webhook's own answer (after JetStream's ack). Shipped client limit and guards but breaker and budget.
     """
@@ -415,7 +417,8 @@ async def webhook(nodes: int = 1500, alerts: int = 100, progress: Progress = Non
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             victims = [f"gpu-node-{i}" for i in range(0, nodes, max(1, nodes // alerts))][:alerts]
             say(f"webhook: {alerts} alerts, one at a time, each for another of {nodes} nodes")
-            requests0 = pipe.adapter.limiter.taken()
+            requests0 = taken_before = pipe.adapter.limiter.taken()
+            waited0 = pipe.adapter.limiter.waited()
             for n, node in enumerate(victims):
                 cordoned[node] = asyncio.Event()
                 body = _alert_body(node, n + 1)
@@ -430,9 +433,14 @@ async def webhook(nodes: int = 1500, alerts: int = 100, progress: Progress = Non
                 deadline = time.monotonic() + 30
                 while len(pipe.executor.results) <= n and time.monotonic() < deadline:  # noqa: ASYNC110 - a list
                     await asyncio.sleep(0.01)
+                # idle means the client limit's tokens are back too: the run's requests, refilled at kube_qps
+                used = sum(pipe.adapter.limiter.taken().values()) - sum(taken_before.values())
+                await asyncio.sleep(used / pipe.settings.kube_qps)
+                taken_before = pipe.adapter.limiter.taken()
                 if n and n % 25 == 0:
                     say(f"webhook: {n} alerts, {len(cordon_ms)} cordoned")
             requests = sum(v - requests0.get(k, 0) for k, v in pipe.adapter.limiter.taken().items())
+            waited = sum(v - waited0.get(k, 0.0) for k, v in pipe.adapter.limiter.waited().items())
             writer.close()
         finally:
             http.should_exit = True
@@ -451,6 +459,7 @@ async def webhook(nodes: int = 1500, alerts: int = 100, progress: Progress = Non
         "p50_answer_ms": round(_percentile(answer_ms, 0.50), 2),
         "p99_answer_ms": round(_percentile(answer_ms, 0.99), 2),
         "api_requests_per_incident": round(requests / alerts, 2),
+        "limiter_wait_ms_per_incident": round(1000 * waited / alerts, 2),
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
 

@@ -756,6 +756,16 @@ class KubeAdapter:
         except NotFound:
             return None
 
+    def cached_node(self, name: str) -> dict[str, Any] | None:
+        """The summary of ``get_node`` from the node cache alone: None when the cache is not synced or does not
+        hold the node (then only ``get_node`` can say). Memory only, never a request: safe on the event loop.
+        The summary is built of copies, so the stored object needs none."""
+        cache = self.node_cache
+        if cache is None or not cache.synced:
+            return None
+        held = cache.get(name)
+        return self._node_summary(held) if held is not None else None
+
     def list_gpu_nodes(self, pool: str | None = None) -> list[dict[str, Any]]:
         """Summaries of the GPU nodes (``nvidia.com/gpu`` capacity, the GPU operator's labels, or our pool
         label), optionally only those of one pool; nodes without a pool label are in ``"default"``."""
@@ -1951,10 +1961,12 @@ class AsyncKube:
     # --- nodes
 
     async def get_node(self, name: str) -> dict[str, Any]:
-        return await self._call(self.sync.get_node, name)
+        cached = self.sync.cached_node(name)  # from memory without a thread hop, when the cache holds it
+        return cached if cached is not None else await self._call(self.sync.get_node, name)
 
     async def find_node(self, name: str) -> dict[str, Any] | None:
-        return await self._call(self.sync.find_node, name)
+        cached = self.sync.cached_node(name)
+        return cached if cached is not None else await self._call(self.sync.find_node, name)
 
     async def list_gpu_nodes(self, pool: str | None = None) -> list[dict[str, Any]]:
         return await self._call(self.sync.list_gpu_nodes, pool)

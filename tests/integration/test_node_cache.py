@@ -99,3 +99,28 @@ def test_a_stale_cache_makes_the_write_conflict_and_reread_never_overwrite(kube:
         hold.set()
         stale.stop()
         kube.node_cache = None
+
+
+async def test_the_async_port_reads_a_cached_node_on_the_loop_without_a_thread(kube: KubeAdapter,
+                                                                                cluster: ClusterState) -> None:
+    from remediator.adapters.kube import AsyncKube
+
+    port = AsyncKube(kube, max_workers=1)
+    assert await port.start(wait_s=10)
+    used: list[str] = []
+    real = port._call
+
+    async def counted(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        used.append(getattr(fn, "__name__", "?"))
+        return await real(fn, *args, **kwargs)
+
+    port._call = counted  # type: ignore[method-assign]
+    assert kube.cached_node("gpu-node-2") == kube.get_node("gpu-node-2")  # the same summary as the adapter's
+    assert (await port.get_node("gpu-node-2"))["name"] == "gpu-node-2"
+    assert (await port.find_node("gpu-node-4")) is not None
+    assert used == []  # both answered from memory on the loop
+    assert await port.find_node("gpu-node-99") is None  # not held: the API server says, through the pool
+    assert used == ["find_node"]
+    kube.node_cache.stop()  # type: ignore[union-attr]
+    assert kube.cached_node("gpu-node-2") is None  # not synced: only the API server may answer
+    port._pool.shutdown(wait=False)
