@@ -156,6 +156,7 @@ async def _pipeline(nodes: int, overrides: dict[str, Any], *, label: str,
     from remediator.dispatch import Dispatcher
     from remediator.executor import Executor
     from remediator.natsd import EmbeddedNats
+    from remediator.owners import OwnerResolver
     from remediator.service import configured_registry
     from remediator.settings import Settings
 
@@ -210,7 +211,8 @@ async def _pipeline(nodes: int, overrides: dict[str, Any], *, label: str,
             kube = AsyncKube(adapter, max_workers=settings.executor_concurrency + 4)
             await kube.start(wait_s=120.0)
             dispatcher = await Dispatcher.create(nc_d, js_d, settings, AuditLog(js_d, "storm-dispatch"),
-                                                 registry=configured_registry(settings))
+                                                 registry=configured_registry(settings),
+                                                 origins=OwnerResolver(kube))  # as serve has it
             executor = Executor(nc_x, js_x, settings, kube, AuditLog(js_x, "storm-executor"), PlaybookCatalog.load(),
                                 AgentClient(nc_x))
             stop = asyncio.Event()
