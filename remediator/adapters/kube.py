@@ -254,7 +254,7 @@ def _raw_taints(node: Mapping[str, Any]) -> list[dict[str, Any]]:
 _NODE_FIELDS: dict[str, tuple[str, ...]] = {
     "metadata": ("name", "uid", "resourceVersion", "labels", "annotations", "creationTimestamp"),
     "spec": ("unschedulable", "taints", "providerID"),
-    "status": ("conditions", "capacity", "allocatable", "nodeInfo"),
+    "status": ("conditions", "capacity", "allocatable", "nodeInfo"),  # conditions: type, status; nodeInfo: bootID
 }
 
 
@@ -266,6 +266,13 @@ def slim_node(raw: Mapping[str, Any]) -> dict[str, Any]:
         src = raw.get(part)
         if isinstance(src, Mapping):
             out[part] = {k: src[k] for k in keys if k in src}
+    status = out.get("status")
+    if status:  # of a condition its type and status are read, of nodeInfo the boot id
+        if isinstance(status.get("conditions"), list):
+            status["conditions"] = [{"type": c.get("type"), "status": c.get("status")}
+                                    for c in status["conditions"] if isinstance(c, Mapping)]
+        if isinstance(status.get("nodeInfo"), Mapping):
+            status["nodeInfo"] = {k: v for k, v in status["nodeInfo"].items() if k == "bootID"}
     return out
 
 
@@ -657,7 +664,8 @@ class KubeAdapter:
         rv = ""
         while True:
             page = self._request("GET", "/api/v1/nodes", query=params, kind="NodeList")
-            items.extend(i for i in page.get("items") or [] if isinstance(i, dict))
+            # slimmed page by page: a 100,000-node list never sits in memory whole
+            items.extend(slim_node(i) for i in page.get("items") or [] if isinstance(i, dict))
             rv = rv or str(_meta(page).get("resourceVersion") or "")
             token = _meta(page).get("continue")
             if not token:

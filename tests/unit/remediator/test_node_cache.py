@@ -140,7 +140,11 @@ def _real_node(name: str, rv: int) -> dict[str, Any]:
         "spec": {"providerID": "aws:///i-1", "podCIDR": "10.0.0.0/24", "unschedulable": True,
                  "taints": [{"key": "gpu-remediator.io/quarantine", "effect": "NoSchedule"}]},
         "status": {"capacity": {"nvidia.com/gpu": "8"}, "allocatable": {"nvidia.com/gpu": "7"},
-                   "conditions": [{"type": "Ready", "status": "True"}],
+                   "conditions": [{"type": t, "status": v, "reason": "KubeletReady", "message": "kubelet is posting",
+                                   "lastHeartbeatTime": "2026-12-01T00:00:00Z",
+                                   "lastTransitionTime": "2026-11-01T00:00:00Z"}
+                                  for t, v in (("Ready", "True"), ("MemoryPressure", "False"),
+                                               ("DiskPressure", "False"), ("PIDPressure", "False"))],
                    "nodeInfo": {"bootID": "b-1", "kubeletVersion": "v1.33.1"},
                    "addresses": [{"type": "InternalIP", "address": "10.0.0.7"}],
                    "images": [{"names": [f"nvcr.io/nvidia/image-{i}@sha256:{'0' * 64}"], "sizeBytes": 10**9}
