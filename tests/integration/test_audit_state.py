@@ -76,7 +76,9 @@ async def test_state_cas_loses_no_update(nats_server: EmbeddedNats) -> None:
     await asyncio.gather(*(stores[i % 2].update("node.n1", add(i)) for i in range(16)))
     history, revision = await stores[0].get("node.n1")
     assert {i.group for i in history.incidents} == {f"g{i}" for i in range(16)}
-    assert revision >= 16
+    # two stores (as two replicas) racing by revision, each combining its own overlapping updates: every
+    # update kept, in fewer writes than updates (the bucket is new, so the revision counts the writes)
+    assert 2 <= revision < 16
     await stores[1].close_incident("node.n1", "g3")
     history, _ = await stores[0].get("node.n1")
     assert history.open_incident("g3") is None and history.open_incident("g4") is not None
