@@ -10,10 +10,42 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import click
+
+T = TypeVar("T")
+
+
+def _arun(coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(coro)``, where SIGTERM cancels it as Ctrl-C does: its context managers stop the
+    nats-server, the simulated cluster and the replicas it started, which would otherwise outlive a killed
+    benchmark. A cancellation the event loop loses (asyncio's ``wait_for`` can swallow one) lets the run end
+    on its own, and its context managers clean up just the same; either way it exits non-zero."""
+    stopped = False
+
+    async def main() -> T:
+        task = asyncio.current_task()
+        assert task is not None
+
+        def stop() -> None:
+            nonlocal stopped
+            stopped = True
+            task.cancel()
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop)
+        return await coro
+
+    try:
+        result = asyncio.run(main())
+    except asyncio.CancelledError:
+        stopped = True
+    if stopped:
+        raise click.ClickException("stopped by SIGTERM; what it had started was stopped")
+    return result
 
 
 def _progress(msg: str) -> None:
@@ -45,7 +77,7 @@ def ingest(url: str | None, concurrency: int, as_json: bool) -> None:
     """Alertmanager ingest throughput and paced latency against the JetStream floor."""
     from chaos.bench import ingest as mod
 
-    _emit(asyncio.run(mod.run(url=url, concurrency=concurrency, progress=_progress)), as_json)
+    _emit(_arun(mod.run(url=url, concurrency=concurrency, progress=_progress)), as_json)
 
 
 @bench.command("classify")
@@ -75,7 +107,7 @@ def storm(nodes: int, failing: int, burst: bool, default_limits: bool, skip_brea
         raise click.BadParameter("--failing cannot exceed --nodes")
     from chaos.bench import storm as mod
 
-    _emit(asyncio.run(mod.run(nodes=nodes, failing=failing, progress=_progress, burst=burst,
+    _emit(_arun(mod.run(nodes=nodes, failing=failing, progress=_progress, burst=burst,
                               default_limits=default_limits, breaker_run=not skip_breaker, wait_s=wait_s)), as_json)
 
 
@@ -89,7 +121,7 @@ def webhook(nodes: int, alerts: int, as_json: bool) -> None:
         raise click.BadParameter("--alerts cannot exceed --nodes")
     from chaos.bench import storm as mod
 
-    _emit(asyncio.run(mod.webhook(nodes=nodes, alerts=alerts, progress=_progress)), as_json)
+    _emit(_arun(mod.webhook(nodes=nodes, alerts=alerts, progress=_progress)), as_json)
 
 
 @bench.command("dispatch")
@@ -102,7 +134,7 @@ def dispatch(events: int, nodes: int, replicas: int, as_json: bool) -> None:
     """Dispatch throughput: a backlog of mixed agent events on FAULTS drained by K replicas."""
     from chaos.bench import dispatch as mod
 
-    _emit(asyncio.run(mod.run(events=events, nodes=nodes, replicas=replicas, progress=_progress)), as_json)
+    _emit(_arun(mod.run(events=events, nodes=nodes, replicas=replicas, progress=_progress)), as_json)
 
 
 @bench.command("agent")

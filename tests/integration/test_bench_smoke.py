@@ -4,8 +4,11 @@ top-level JSON keys (no figure is asserted: benchmarks print numbers, tests neve
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -44,3 +47,52 @@ def test_bench_webhook_cordons_every_alerted_node_one_at_a_time() -> None:
                 "api_requests_per_incident", "load_average"):
         assert key in doc, doc
     assert doc["answers"] == {"200": 3} and doc["cordoned"] == 3  # every POST accepted, every node cordoned
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below ``pid``, from /proc (each process's parent is field 4 of its stat)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_benchmark_stopped_by_sigterm_stops_what_it_started() -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "remediator.cli", "bench", "storm", "--nodes", "12", "--failing",
+                             "4", "--no-breaker-run", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # the events are being published over 30 s: everything is running
+            if "report Xid 79" in line:
+                break
+        children = _descendants(proc.pid)
+        assert len(children) >= 2, children  # at least nats-server and the simulated cluster
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode != 0 and "stopped by SIGTERM" in err, err[-2000:]
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in children if _alive(p)]  # none outlives the benchmark
+    finally:
+        if proc.poll() is None:
+            proc.kill()
