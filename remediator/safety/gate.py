@@ -34,7 +34,7 @@ from remediator.safety.guards import (
     shadow,
 )
 from remediator.safety.ledger import BreakerState, Ledger, LedgerStore
-from remediator.subjects import approval_key
+from remediator.subjects import LEDGER_KEY, approval_key
 
 __all__ = ["Facts", "Gate", "GateResult", "PoolCache", "decide", "pool_usage"]
 
@@ -175,8 +175,10 @@ class Gate:
     async def evaluate(self, d: Decision, policy: SafetyPolicy, facts: Facts, now: datetime) -> GateResult:
         """The verdicts over ``facts``, their bookkeeping committed; a run that goes ahead for real (not
         shadow) is recorded as an attempt of its node."""
-        if {"budget", "breaker"} & policy.enabled:
+        if facts.pool_nodes is not None:  # the budget counts handovers: the whole ledger, shards and all
             result = await self.ledger.update(lambda led: decide(d, policy, facts, led, now))
+        elif {"budget", "breaker"} & policy.enabled:  # the document alone (breaker, reservations)
+            result = await self.ledger.docs.update(LEDGER_KEY, lambda led: decide(d, policy, facts, led, now))
         else:
             _, result = decide(d, policy, facts, Ledger(), now)
         if result.stop is None and not result.shadow and "cooldown" in policy.enabled:
