@@ -98,3 +98,25 @@ async def test_a_document_over_the_message_limit_is_refused_with_the_fix_named(k
     docs = json_documents(kv)
     with pytest.raises(DocumentTooLarge, match="max_payload"):
         await docs.put("doc.huge", {"x": "y" * (1024 * 1024 + 10)}, 0)
+
+
+async def test_the_budget_counts_a_sharded_handover_the_cluster_no_longer_shows(kv: KeyValue) -> None:
+    from remediator.safety import Facts, Gate, SafetyPolicy
+
+    gate = Gate(kv)
+    gone = decision("n0", "gpu-lost", gpu=0, incident="inc-gone")
+    await gate.ledger.finish(gone, {**handover_of(gone, "escalated", LEFT, T0), "pool": "p"})
+    pool = [{"name": f"n{i}", "gpus": 8, "gpus_allocatable": 8, "unschedulable": False, "taints": []}
+            for i in range(4)]  # the cluster view shows n0 back in service already (seconds old, say)
+    only_budget = SafetyPolicy(enabled=frozenset({"budget"}), budget_max_node_fraction=0.25)
+
+    def facts(target: str) -> Facts:
+        return Facts(node={"name": target, "pool": "p", "gpus": 8, "labels": {}}, quarantine="node",
+                     playbook_dry_run=False, me="me", lock_holder="me", taint_key="t", pool_nodes=pool)
+
+    result = await gate.evaluate(decision("n1", "gpu-lost", gpu=0, incident="inc-next"), only_budget, facts("n1"), T0)
+    budget = next(v for v in result.verdicts if v.name == "budget")
+    assert not budget.allowed and "1 of 4" in budget.reason, budget.reason  # the handover still counts
+    await gate.ledger.settle_handover(reservation_key(gone), "inc-gone")
+    result = await gate.evaluate(decision("n2", "gpu-lost", gpu=0, incident="inc-after"), only_budget, facts("n2"), T0)
+    assert next(v for v in result.verdicts if v.name == "budget").allowed
