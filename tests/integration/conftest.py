@@ -7,12 +7,17 @@ integration test would hide a broken install.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from nats.js.kv import KeyValue
 
 from chaos.nats_cluster import NatsCluster
+from remediator import bus
 from remediator.natsd import EmbeddedNats
+from remediator.subjects import STATE_BUCKET
+
+from .executor_support import fast_settings
 
 
 @pytest.fixture
@@ -29,3 +34,14 @@ def nats_cluster() -> Iterator[NatsCluster]:
     Raft groups); each test gets its own, with temporary stores."""
     with NatsCluster(3) as cluster:
         yield cluster
+
+
+@pytest.fixture
+async def kv(nats_server: EmbeddedNats) -> AsyncIterator[KeyValue]:
+    """The ``remediator-state`` bucket of a fresh server, provisioned as ``bus init`` does."""
+    nc, js = await bus.connect(nats_server.url)
+    try:
+        await bus.provision(js, fast_settings(nats_server.url))
+        yield await js.key_value(STATE_BUCKET)
+    finally:
+        await nc.drain()

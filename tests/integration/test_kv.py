@@ -4,7 +4,6 @@ retries of a pure update, and the stores built on it."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -18,19 +17,9 @@ from remediator.kv import LostRace, json_documents
 from remediator.natsd import EmbeddedNats
 from remediator.safety import Lease, LockHeld, NodeLocks
 from remediator.state import StateConflict, StateStore
-from remediator.subjects import LOCKS_BUCKET, STATE_BUCKET
+from remediator.subjects import LOCKS_BUCKET
 
 from .executor_support import T0, fast_settings
-
-
-@pytest.fixture
-async def kv(nats_server: EmbeddedNats) -> AsyncIterator[KeyValue]:
-    nc, js = await bus.connect(nats_server.url)
-    try:
-        await bus.provision(js, fast_settings(nats_server.url))
-        yield await js.key_value(STATE_BUCKET)
-    finally:
-        await nc.drain()
 
 
 async def test_put_names_the_revision_it_read_and_a_lost_race_is_a_conflict(kv: KeyValue) -> None:

@@ -7,35 +7,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
 from nats.js.kv import KeyValue
 
-from remediator import bus
 from remediator.kv import DocumentTooLarge, json_documents
-from remediator.natsd import EmbeddedNats
 from remediator.run import handover_of
 from remediator.safety import LedgerStore, reservation_key
 from remediator.safety.ledger import Ledger
-from remediator.subjects import HANDOVER_SHARD_KEYS, LEDGER_KEY, STATE_BUCKET, handover_shard_key
+from remediator.subjects import HANDOVER_SHARD_KEYS, LEDGER_KEY, handover_shard_key
 
-from .executor_support import T0, decision, fast_settings
+from .executor_support import T0, decision
 
 pytestmark = pytest.mark.timeout(180)
 
 LEFT = {"out_of_service": True, "ours": ["taint", "cordon"], "pool": "default"}
-
-
-@pytest.fixture
-async def kv(nats_server: EmbeddedNats) -> AsyncIterator[KeyValue]:
-    nc, js = await bus.connect(nats_server.url)
-    try:
-        await bus.provision(js, fast_settings(nats_server.url))
-        yield await js.key_value(STATE_BUCKET)
-    finally:
-        await nc.drain()
 
 
 async def test_five_thousand_handovers_fit_and_the_ledger_document_stays_small(kv: KeyValue) -> None:
