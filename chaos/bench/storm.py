@@ -1,10 +1,11 @@
-"""``remediator bench storm``: a fatal-Xid storm through the real pipeline, without and with the breaker.
+"""``remediator bench storm``: a fatal-Xid storm through the real pipeline, without and with the breaker; and
+``remediator bench webhook`` (``webhook``): Alertmanager POST to cordon, one alert at a time.
 
-Where it sits: beside the service, never on its path (it loads ``chaos`` for the simulated cluster). It runs
-what ``serve`` runs — JetStream (embedded ``nats-server``), the dispatcher with the real handlers, the
-executor with the real playbooks and the real Kubernetes adapter (official client, rate limiter with its
-lanes, node cache, retries) — against the simulated Kubernetes API, which runs in a child process so it does
-not share the GIL.
+Where it sits: beside the service, never on its path (it loads ``chaos`` for the simulated cluster). Both run
+what ``serve`` runs (``_pipeline``) — JetStream (embedded ``nats-server``), the dispatcher with the real
+handlers and owner resolution, the executor with the real playbooks and the real Kubernetes adapter (official
+client, rate limiter with its lanes, node cache, retries) — against the simulated Kubernetes API, which runs
+in a child process so it does not share the GIL.
 
 ``failing`` of ``nodes`` GPU nodes report a fatal Xid 79 (GPU fallen off the bus), one event each, spread
 evenly over 30 s (``burst``: all at once) and published to FAULTS as the node agent would. Each must end
