@@ -69,6 +69,7 @@ LEDGER_KEY = "safety.ledger"
 
 HANDOVER_SHARDS = 16
 """How many documents the ledger's handovers are spread over (``handover_shard_key``)."""
+HANDOVER_SHARD_KEYS = tuple(f"safety.handovers.{i:02x}" for i in range(HANDOVER_SHARDS))
 
 
 def handover_shard_key(reservation: str) -> str:
@@ -76,9 +77,6 @@ def handover_shard_key(reservation: str) -> str:
     ``safety.handovers.<00-0f>`` by CRC-32, so no one document grows with the fleet (a NATS message, and so
     a KV value, is at most 1 MB by default: about 4,000 handovers)."""
     return HANDOVER_SHARD_KEYS[zlib.crc32(reservation.encode()) % HANDOVER_SHARDS]
-
-
-HANDOVER_SHARD_KEYS = tuple(f"safety.handovers.{i:02x}" for i in range(HANDOVER_SHARDS))
 
 _JOB_TOKEN_RE = re.compile(r"[^A-Za-z0-9_-]")
 

@@ -155,11 +155,13 @@ class Ledger:
         return replace(self, reservations={k: v for k, v in self.reservations.items() if k != key})
 
     def without_handover(self, key: str, incident: str | None = None) -> Ledger:
-        """This ledger without the handover ``key`` (only if it is ``incident``'s, when given)."""
-        cur = self.handovers.get(key)
+        """This ledger without the handover ``key`` (only if it is ``incident``'s, when given): the one in the
+        document (``inline``) when there is one, and out of the view with it."""
+        cur = self.inline.get(key, self.handovers.get(key))
         if cur is None or (incident is not None and cur.get("incident") != incident):
             return self
-        return replace(self, handovers={k: v for k, v in self.handovers.items() if k != key})
+        return replace(self, inline={k: v for k, v in self.inline.items() if k != key},
+                       handovers={k: v for k, v in self.handovers.items() if k != key})
 
 
 def _decode(raw: dict[str, Any] | None) -> Ledger:
@@ -236,7 +238,7 @@ class LedgerStore:
 
         def release(led: Ledger) -> tuple[Ledger, None]:
             new = led.without_reservation(key, decision.incident_id)
-            return _without_inline(new, key, decision.incident_id), None
+            return new.without_handover(key, decision.incident_id), None
 
         await self.docs.update(LEDGER_KEY, release)
 
@@ -259,7 +261,7 @@ class LedgerStore:
             return {k: v for k, v in doc.items() if k != key}, cur
 
         def drop_inline(led: Ledger) -> tuple[Ledger, Mapping[str, Any] | None]:
-            new = _without_inline(led, key, incident)
+            new = led.without_handover(key, incident)
             return new, (led.inline.get(key) if new is not led else None)
 
         sharded = await self.shards.update(handover_shard_key(key), drop)
@@ -272,11 +274,3 @@ class LedgerStore:
         return await self.docs.update(LEDGER_KEY,
                                       lambda led: (replace(led, breaker=BreakerState()), led.breaker))
 
-
-def _without_inline(led: Ledger, key: str, incident: str | None) -> Ledger:
-    """``led`` without the inline handover ``key`` (only ``incident``'s, when given)."""
-    cur = led.inline.get(key)
-    if cur is None or (incident is not None and cur.get("incident") != incident):
-        return led
-    inline = {k: v for k, v in led.inline.items() if k != key}
-    return replace(led, inline=inline, handovers={k: v for k, v in led.handovers.items() if k != key})
