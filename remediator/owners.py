@@ -4,7 +4,8 @@ Where it sits: in the service, between a delivery on FAULTS and the handlers. An
 container log (the agent) names the pod a fault was seen in (``FaultEvent.origin``: namespace, pod), never
 its job: neither knows the pod's owner. Dispatch hands each event to ``OwnerResolver`` before it asks the
 registry which handlers to call, and the resolver fills ``origin.job`` from the Kubernetes adapter's job
-discovery (``find_job``: owner references first, then the Kubeflow, JobSet and batch labels), so
+discovery (``job_of_pod_on_node``, one GET of the pod when the event names its namespace, else ``find_job``
+over the node's pods: owner references first, then the Kubeflow, JobSet and batch labels), so
 ``contracts.resolve_job`` sees the owner reference first, as its precedence says. A bare pod (nothing owns
 it) has no job: a pod's name is never taken for one.
 
@@ -36,6 +37,8 @@ class JobFinder(Protocol):
 
     async def find_job(self, node: str, *, name: str | None = None, namespace: str | None = None,
                        pod_filter: Callable[[dict[str, Any]], bool] | None = None) -> JobRef | None: ...
+
+    async def job_of_pod_on_node(self, node: str, namespace: str, name: str) -> JobRef | None: ...
 
 
 class OwnerResolver:
@@ -80,8 +83,11 @@ class OwnerResolver:
         if now < self._quiet_until:
             return None
         self.lookups += 1
+        # A named namespace is one GET of the pod; without one, the node's pods are listed and searched.
+        lookup = self._kube.job_of_pod_on_node(node, namespace, pod) if namespace \
+            else self._kube.find_job(node, pod_filter=the_pod)
         try:
-            ref = await asyncio.wait_for(self._kube.find_job(node, pod_filter=the_pod), self._timeout_s)
+            ref = await asyncio.wait_for(lookup, self._timeout_s)
         except Exception as exc:  # best effort: the event goes on without a job; ask again after the backoff
             self._quiet_until = now + self._backoff_s
             log.warning("owner of pod %s/%s on %s not resolved (%s); no lookups for %g s", namespace or "?", pod,

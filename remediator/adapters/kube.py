@@ -1079,6 +1079,18 @@ class KubeAdapter:
         pods = [self._pod_summary(p) for p in raw if (p.get("spec") or {}).get("nodeName") == node]
         return sorted(pods, key=lambda p: (p["namespace"], p["name"]))
 
+    def job_of_pod_on_node(self, node: str, namespace: str, name: str) -> JobRef | None:
+        """``job_of_pod`` of pod ``namespace/name`` when it is bound to ``node``, from one GET of that pod (not a
+        list of the node's pods); None when there is no such pod on the node, or it is a DaemonSet or mirror
+        pod. A pod with no owner is ``JobRef(kind="Pod")``, as ``job_of_pod`` says."""
+        try:
+            raw = self.read_pod(namespace, name)
+        except NotFound:
+            return None
+        if (raw.get("spec") or {}).get("nodeName") != node:
+            return None
+        return self.job_of_pod(raw)
+
     def pods_selecting(self, node: str, label_keys: Sequence[str]) -> list[dict[str, Any]]:
         """The pods on ``node`` whose ``spec.nodeSelector`` names one of ``label_keys`` (the GPU Operator's
         operand DaemonSets select nodes by ``nvidia.com/gpu.deploy.<operand>``, and their pods carry the
@@ -2078,6 +2090,9 @@ class AsyncKube:
         pod_filter: Callable[[dict[str, Any]], bool] | None = None,
     ) -> JobRef | None:
         return await self._call(self.sync.find_job, node, name=name, namespace=namespace, pod_filter=pod_filter)
+
+    async def job_of_pod_on_node(self, node: str, namespace: str, name: str) -> JobRef | None:
+        return await self._call(self.sync.job_of_pod_on_node, node, namespace, name)
 
     async def job_pods(self, job: JobRef) -> list[dict[str, Any]]:
         return await self._call(self.sync.job_pods, job)

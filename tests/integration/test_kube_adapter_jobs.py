@@ -112,6 +112,24 @@ def test_a_job_of_a_jobset_resolves_to_the_jobset(kube: KubeAdapter, cluster: Cl
     assert kube.find_job("gpu-node-3", pod_filter=lambda p: p["name"].startswith("llm")) == expected
 
 
+def test_the_job_of_one_named_pod_is_one_get_of_that_pod(kube: KubeAdapter, cluster: ClusterState) -> None:
+    """Owner resolution's lookup: the pod by namespace and name, its controller when it runs on that node."""
+    train = next(p["metadata"]["name"] for p in cluster.list_pods(NS) if p["spec"].get("nodeName") == "gpu-node-2")
+    exporter = next(p["metadata"] for p in cluster.list_pods("gpu-operator")
+                    if p["spec"].get("nodeName") == "gpu-node-2")
+    cluster.create("pods", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "scratch", "namespace": NS},
+                            "spec": {"nodeName": "gpu-node-2", "containers": [{"name": "s", "image": "x"}]}}, NS)
+    cluster.reset_counters()
+    assert kube.job_of_pod_on_node("gpu-node-2", NS, train) == JobRef(
+        "Job", "train-2", NS, "batch/v1", uid_of(cluster, "jobs", "train-2"))
+    assert cluster.request_counts() == {"get pods": 1}  # one GET, no list of the node's pods
+    assert kube.job_of_pod_on_node("gpu-node-3", NS, train) is None  # the pod runs elsewhere
+    assert kube.job_of_pod_on_node("gpu-node-2", NS, "no-such-pod") is None
+    assert kube.job_of_pod_on_node("gpu-node-2", exporter["namespace"], exporter["name"]) is None  # a DaemonSet's
+    bare = kube.job_of_pod_on_node("gpu-node-2", NS, "scratch")
+    assert bare is not None and (bare.kind, bare.name) == ("Pod", "scratch")  # itself, never a guessed job
+
+
 # --- the async port ----------------------------------------------------------------------------------
 
 

@@ -23,20 +23,30 @@ PODS = {
 
 
 class FakeKube:
-    """``find_job`` over ``PODS``, as the adapter's job discovery answers for the one pod ``pod_filter`` keeps."""
+    """The adapter's job discovery over ``PODS``: ``find_job`` for the one pod ``pod_filter`` keeps (a list of
+    the node's pods), ``job_of_pod_on_node`` for one named pod (a GET); ``used`` says which answered."""
 
     def __init__(self, fail: bool = False) -> None:
         self.calls = 0
         self.fail = fail
+        self.used: list[str] = []
 
     async def find_job(self, node: str, *, name: str | None = None, namespace: str | None = None,
                        pod_filter: Callable[[dict[str, Any]], bool] | None = None) -> JobRef | None:
         self.calls += 1
+        self.used.append("find_job")
         if self.fail:
             raise ConnectionError("API server unreachable")
         assert name is None and pod_filter is not None
         hits = [ref for (n, ns, pod), ref in PODS.items() if n == node and pod_filter({"name": pod, "namespace": ns})]
         return hits[0] if len(hits) == 1 else None
+
+    async def job_of_pod_on_node(self, node: str, namespace: str, name: str) -> JobRef | None:
+        self.calls += 1
+        self.used.append("job_of_pod_on_node")
+        if self.fail:
+            raise ConnectionError("API server unreachable")
+        return PODS.get((node, namespace, name))
 
 
 def pod_event(pod: str, **kw: Any):  # type: ignore[no-untyped-def]
@@ -51,6 +61,13 @@ async def test_the_pods_owner_becomes_the_events_job_once_per_pod() -> None:
     assert resolve_job(e.origin, e.labels) == "train-a"
     assert (await resolve(pod_event("train-a-0"))).origin.job == "train-a"
     assert kube.calls == 1  # cached
+    assert kube.used == ["job_of_pod_on_node"]  # the event names the namespace: one GET of the pod
+
+
+async def test_a_pod_without_a_namespace_is_searched_among_the_nodes_pods() -> None:
+    kube = FakeKube()
+    e = await OwnerResolver(kube)(ev("xid", 13, origin=Origin(pod="train-b-0")))
+    assert e.origin.job == "train-b" and kube.used == ["find_job"]
 
 
 @pytest.mark.parametrize("event", [
@@ -85,7 +102,7 @@ async def test_a_failed_lookup_lets_the_event_through_and_is_asked_again_after_t
 
 async def test_a_slow_api_server_does_not_hold_the_event() -> None:
     class Slow(FakeKube):
-        async def find_job(self, node: str, **kw: Any) -> JobRef | None:
+        async def job_of_pod_on_node(self, node: str, namespace: str, name: str) -> JobRef | None:
             self.calls += 1
             await asyncio.sleep(10)
             raise AssertionError("not reached")
