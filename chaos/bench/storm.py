@@ -22,7 +22,9 @@ executor, adapter and the publisher — over the run, per incident), ``api_reque
 the adapter sent, watches included, per incident), ``api_requests_by_lane``, ``rss_mb`` (``service``,
 ``simulator``, ``nats_server``: peak resident memory), ``nats_cpu_ms_per_incident``, ``sim_seed_s``,
 ``load_average``, ``unfinished`` (nodes whose run did not finish within ``wait_s``), ``outcomes``, ``failed_steps``
-(steps that failed, by step id: a drain a PodDisruptionBudget held past its timeout shows here).
+(steps that failed, by step id: a drain a PodDisruptionBudget held past its timeout shows here), ``gc_pauses``
+(``service`` over the run and ``simulator`` over its serving: the cyclic collector's ``passes``, ``full``
+passes, ``total_ms`` and ``max_ms``; both processes freeze their start-up heap first, as ``serve`` does).
 
 ``with_breaker`` (unless ``breaker_run`` is off): the default guards, ``cordoned, breaker_tripped,
 threshold``. The breaker must stop the storm after ``threshold`` quarantines; the rest are blocked
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import multiprocessing as mp
 import os
 import resource
@@ -54,18 +57,58 @@ Progress = Callable[[str], None] | None
 _BREAKER_LESS = "opt_out,dry_run,cooldown,lock,approval"  # --default-limits: every guard but breaker/budget
 
 
+class GcPauses:
+    """How long the cyclic garbage collector stopped this process, while installed (``gc.callbacks``): every
+    thread waits for a pass, the event loop and an API server's handlers alike."""
+
+    def __init__(self) -> None:
+        self.passes = self.full = 0
+        self.total_s = self.max_s = 0.0
+        self._started = 0.0
+
+    def _observe(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        took = time.perf_counter() - self._started
+        self.passes += 1
+        self.full += info.get("generation") == 2
+        self.total_s += took
+        self.max_s = max(self.max_s, took)
+
+    def start(self) -> GcPauses:
+        gc.callbacks.append(self._observe)
+        return self
+
+    def stop(self) -> None:
+        gc.callbacks.remove(self._observe)
+
+    def __enter__(self) -> GcPauses:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def summary(self) -> dict[str, Any]:
+        return {"passes": self.passes, "full": self.full, "total_ms": round(1000 * self.total_s, 1),
+                "max_ms": round(1000 * self.max_s, 1)}
+
+
 def _serve_sim(nodes: int, kubeconfig: str, ready: Any, stop: Any, info: Any) -> None:  # pragma: no cover
-    from chaos.sim.cluster import seed_cluster
+    from chaos.sim.cluster import freeze_heap, seed_cluster
     from chaos.sim.kube_api import KubeApiServer
 
     t0 = time.monotonic()
     state = seed_cluster(nodes)
     info["seed_s"] = round(time.monotonic() - t0, 3)
+    freeze_heap()
     info["seed_rss_mb"] = _rss_mb(os.getpid())
     server = KubeApiServer(state).start()
     server.write_kubeconfig(kubeconfig)
-    ready.set()
-    stop.wait()
+    with GcPauses() as pauses:
+        ready.set()
+        stop.wait()
+    info["gc_pauses"] = pauses.summary()
     info["peak_rss_mb"] = _rss_mb(os.getpid(), peak=True)
     server.stop()
 
@@ -216,6 +259,9 @@ async def _pipeline(nodes: int, overrides: dict[str, Any], *, label: str,
                                                  origins=OwnerResolver(kube))  # as serve has it
             executor = Executor(nc_x, js_x, settings, kube, AuditLog(js_x, "storm-executor"), PlaybookCatalog.load(),
                                 AgentClient(nc_x))
+            # What serve does once started and its node cache synced: that heap out of the collector's way.
+            gc.collect()
+            gc.freeze()
             stop = asyncio.Event()
             tasks = [asyncio.create_task(dispatcher.run(stop)), asyncio.create_task(executor.run(stop))]
             pipe = _Pipeline(server, settings, adapter, kube, executor, js_x, js_p, Path(tmp), cordoned_at, sim_info)
@@ -259,6 +305,7 @@ async def _one_run(nodes: int, failing: int, *, breaker: bool, progress: Progres
         say(f"{label}: {failing} of {nodes} nodes report Xid 79 " + ("at once" if burst else f"over {spread:g}s"))
         requests0 = adapter.limiter.taken()
         cpu0, nats_cpu0 = time.process_time(), _cpu_s(server.proc.pid) if server.proc else None
+        pauses = GcPauses().start()
         t0 = time.monotonic()
         events = [_event(node, utcnow()) for node in victims] if burst else []
         for i, node in enumerate(victims):
@@ -284,6 +331,7 @@ async def _one_run(nodes: int, failing: int, *, breaker: bool, progress: Progres
                     f"limiter queue {adapter.limiter.queued()}")
             await asyncio.sleep(0.05)
         cpu = time.process_time() - cpu0
+        pauses.stop()
         nats_cpu1 = _cpu_s(server.proc.pid) if server.proc else None
         requests = {lane: n - requests0.get(lane, 0) for lane, n in adapter.limiter.taken().items()}
         say(f"{label}: {len(cordoned_at)} cordoned, {len(executor.results)} runs finished")
@@ -331,6 +379,7 @@ async def _one_run(nodes: int, failing: int, *, breaker: bool, progress: Progres
         "api_requests_per_incident": round(total_requests / failing, 2),
         "api_requests_by_lane": requests,
         "rss_mb": rss,
+        "gc_pauses": {"service": pauses.summary(), "simulator": sim_info.get("gc_pauses")},
         "sim_seed_s": sim_info.get("seed_s"),
         "sim_seed_rss_mb": sim_info.get("seed_rss_mb"),
         "load_average": [round(x, 2) for x in os.getloadavg()],

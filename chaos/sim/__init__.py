@@ -26,6 +26,7 @@ from chaos.sim.cluster import (
     DeviceHolder,
     InjectedFault,
     ResourceType,
+    freeze_heap,
     seed_cluster,
 )
 from chaos.sim.kube_api import KubeApiServer
@@ -46,5 +47,6 @@ __all__ = [
     "InjectedFault",
     "KubeApiServer",
     "ResourceType",
+    "freeze_heap",
     "seed_cluster",
 ]

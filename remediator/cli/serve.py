@@ -71,6 +71,20 @@ def _check_tokens(settings: Settings) -> None:
                    "faults", err=True)
 
 
+async def _freeze_once_nodes_listed(service: Any) -> None:
+    """Freeze the heap again once the node cache's first list is in, when start-up did not wait that long
+    (100,000 nodes take longer than its 5 s): the cache lives as long as the process, and each full pass of
+    the cyclic collector over it would stop the event loop for a second or more. ``gc.freeze`` alone is
+    cheap; no collection runs here."""
+    cache = getattr(service.kube.sync, "node_cache", None) if service.kube is not None else None
+    if cache is None or cache.synced:
+        return
+    while not await asyncio.to_thread(cache.wait_synced, 1.0):  # a second at most in a thread at shutdown
+        pass
+    gc.freeze()
+    logging.getLogger("remediator.serve").info("node cache listed: heap frozen")
+
+
 async def _serve(settings: Settings) -> None:
     """Run one replica until SIGTERM/SIGINT. The first signal cancels whatever runs (starting included:
     connecting to a NATS that is away) and stops every part within ``shutdown_timeout_s``; past that, or on
@@ -102,18 +116,22 @@ async def _serve(settings: Settings) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
+    freezer: asyncio.Task[None] | None = None
     try:
         await service.start()
         # Everything allocated so far lives for the whole process: keep it out of the collector's way
         # (full collections cost about 15 % of the ingest path's CPU otherwise).
         gc.collect()
         gc.freeze()
+        freezer = asyncio.create_task(_freeze_once_nodes_listed(service), name="gc-freeze")
         click.echo(f"remediator serving on {service.http_url}, bus {redact_url(service.nats_url)}", err=True)
         await service.wait()
     except asyncio.CancelledError:
         if not stopping:
             raise
     finally:
+        if freezer is not None:
+            freezer.cancel()
         await service.stop()
         if stopping:
             click.echo(f"remediator stopped {time.monotonic() - stopping[0]:.1f}s after the signal", err=True)

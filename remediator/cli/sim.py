@@ -49,7 +49,7 @@ def sim(nodes: int, port: int, kubeconfig_out: Path, gpus_per_node: int, pools: 
         gpu_allocation: str, gpu_pods_per_node: int | None, as_json: bool) -> None:
     """Serve a simulated GPU cluster (Kubernetes API and GPU nodes) until SIGTERM/SIGINT."""
     from chaos.kubelet import mirror_pods
-    from chaos.sim import KubeApiServer, seed_cluster
+    from chaos.sim import KubeApiServer, freeze_heap, seed_cluster
     from chaos.sim.gpu_node import SimGpuNode
     from chaos.sim.podresources_server import SOCKET_NAME, PodResourcesServers
     from remediator.errors import PermanentError
@@ -62,6 +62,7 @@ def sim(nodes: int, port: int, kubeconfig_out: Path, gpus_per_node: int, pools: 
     gpu_root = gpu_state or kubeconfig_out.resolve().parent / "gpu-nodes"
     gpu_nodes = {n: SimGpuNode(gpu_root / n / "sim", name=n, gpus=gpus_per_node) for n in state.node_names()}
     mirror_pods(state, gpu_nodes)
+    freeze_heap()  # a long-running API server: the seeded cluster out of the collector's passes
     kubelets = PodResourcesServers(state, gpu_nodes)  # each node's kubelet PodResources socket, beside its state
     try:
         for n in gpu_nodes:

@@ -38,6 +38,10 @@ def test_bench_storm_prints_its_keys() -> None:
                 "cpu_ms_per_incident", "api_requests_per_incident", "rss_mb"):
         assert key in doc, doc
     assert set(doc["rss_mb"]) == {"service", "simulator", "nats_server"}  # type: ignore[arg-type]
+    pauses = doc["gc_pauses"]
+    assert isinstance(pauses, dict) and set(pauses) == {"service", "simulator"}
+    for part in pauses.values():
+        assert set(part) == {"passes", "full", "total_ms", "max_ms"}, part
     assert doc["cordoned"] == 4 and doc["finished"] == 4 and doc["unfinished"] == []
 
 
