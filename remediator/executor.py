@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import datetime
@@ -107,7 +108,8 @@ class Executor:
                  playbooks: PlaybookCatalog, agents: AgentPort, clock: Callable[[], datetime] = utcnow, *,
                  steps: StepRegistry = REGISTRY, actor: str | None = None,
                  sleep: Callable[[float], Awaitable[None]] | None = None,
-                 http: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None) -> None:
+                 http: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None,
+                 keep_results: int = 1024) -> None:
         self._nc = nc
         self._js = js
         self._dead_letter = dead_letter_publisher(js, on_dead_letter=self._audit_dead_letter,
@@ -126,7 +128,10 @@ class Executor:
         self._rails: tuple[NodeLocks, Gate, RunLog] | None = None
         self._pools = PoolCache(lambda pool: self.kube.list_gpu_nodes(pool), POOL_CACHE_S)
         self._runner = StepRunner(steps, clock)
-        self.results: list[RunResult] = []
+        # The most recent runs' results, for tests, drills and benchmarks: bounded, so a replica that runs for
+        # months does not grow with every incident it ever handled; ``finished`` counts them all.
+        self.results: deque[RunResult] = deque(maxlen=keep_results)
+        self.finished = 0
 
     # --- plumbing ---------------------------------------------------------------------------------
 
@@ -162,6 +167,7 @@ class Executor:
             result = await self._execute(decision, msg, audit)
             sp.set_attribute("remediator.outcome", result.outcome)
         self.results.append(result)
+        self.finished += 1
         return result
 
     async def _execute(self, d: Decision, msg: Msg | None, audit: IncidentAudit) -> RunResult:

@@ -258,7 +258,7 @@ async def _pipeline(nodes: int, overrides: dict[str, Any], *, label: str,
                                                  registry=configured_registry(settings),
                                                  origins=OwnerResolver(kube))  # as serve has it
             executor = Executor(nc_x, js_x, settings, kube, AuditLog(js_x, "storm-executor"), PlaybookCatalog.load(),
-                                AgentClient(nc_x))
+                                AgentClient(nc_x), keep_results=nodes)  # every run's result: one per node at most
             # What serve does once started and its node cache synced: that heap out of the collector's way.
             gc.collect()
             gc.freeze()

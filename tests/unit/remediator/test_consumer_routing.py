@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
-from unittest.mock import AsyncMock
+from unittest.mock import AsyncMock, MagicMock
 
 import pytest
 from faststream import AckPolicy
@@ -28,6 +28,7 @@ from remediator import consumers
 from remediator.contracts import Decision, FaultEvent
 from remediator.dispatch import Dispatcher
 from remediator.executor import Executor
+from remediator.run import RunResult
 from remediator.settings import Settings
 
 T0 = datetime(2026, 3, 1, 3, 12, tzinfo=UTC)
@@ -309,3 +310,17 @@ def test_the_fetch_patch_happens_where_the_consumer_is_built_not_at_import() -> 
             "rc.consumer_broker('nats://127.0.0.1:4222', name='t'); "
             "assert c.JetStreamContext.PullSubscription.fetch._remediator_translated")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+async def test_the_executor_keeps_a_bounded_window_of_recent_results_and_counts_them_all() -> None:
+    """A replica that runs for months does not grow with every run it finished."""
+    ex = Executor(AsyncMock(), AsyncMock(), Settings(), AsyncMock(), MagicMock(), PlaybookCatalog.load(),
+                  AsyncMock(), keep_results=3)
+
+    async def run(d: Decision, msg: Msg | None, audit: object) -> RunResult:
+        return RunResult(d.incident_id, d.node, d.playbook, "completed")
+
+    ex._execute = run  # type: ignore[method-assign,assignment]
+    for i in range(5):
+        await ex.execute(DECISION.model_copy(update={"incident_id": f"inc-{i}"}))
+    assert [r.incident for r in ex.results] == ["inc-2", "inc-3", "inc-4"] and ex.finished == 5
