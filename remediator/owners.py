@@ -7,7 +7,11 @@ registry which handlers to call, and the resolver fills ``origin.job`` from the 
 discovery (``job_of_pod_on_node``, one GET of the pod when the event names its namespace, else ``find_job``
 over the node's pods: owner references first, then the Kubeflow, JobSet and batch labels), so
 ``contracts.resolve_job`` sees the owner reference first, as its precedence says. A bare pod (nothing owns
-it) has no job: a pod's name is never taken for one.
+it) has no job: a pod's name is never taken for one. An alert that names a node daemon's pod (a DaemonSet's
+or a mirror pod) names no workload: under the kube-prometheus ServiceMonitor an alert's ``pod``/``namespace``
+are the scrape target's, dcgm-exporter's own, and the workload's come as ``exported_pod`` only when the GPU
+has one (reference/gpu-faults.md §2.6). Such an event's origin loses the pod, namespace, UID and container.
+The agent's events keep theirs: a container log is that pod's, whatever owns it.
 
 Best effort, cached: an event whose origin already names a job, or names no pod, passes unchanged; an answer
 is kept per (node, namespace, pod) for ``ttl_s`` (a pod's owner does not change while it lives), a pod not
@@ -29,7 +33,10 @@ from remediator.contracts import FaultEvent, JobRef
 
 log = logging.getLogger(__name__)
 
-__all__ = ["JobFinder", "OwnerResolver"]
+__all__ = ["NODE_DAEMON_KINDS", "JobFinder", "OwnerResolver"]
+
+# What ``job_of_pod_on_node`` answers for a node daemon's pod (a DaemonSet's, a mirror pod): never a job.
+NODE_DAEMON_KINDS = frozenset({"DaemonSet", "Node"})
 
 
 class JobFinder(Protocol):
@@ -55,33 +62,40 @@ class OwnerResolver:
         self._backoff_s = backoff_s
         self._clock = clock
         self._quiet_until = float("-inf")
-        self._known: OrderedDict[tuple[str, str, str], tuple[str | None, float]] = OrderedDict()
+        self._known: OrderedDict[tuple[str, str, str], tuple[str | None, bool, float]] = OrderedDict()
         self.lookups = 0
 
     async def __call__(self, event: FaultEvent) -> FaultEvent:
         origin = event.origin
         if origin.job or not origin.pod:
             return event
-        job = await self.job_of(event.node, origin.namespace, origin.pod)
+        job, daemon = await self.owner_of(event.node, origin.namespace, origin.pod)
+        if daemon and event.source == "alertmanager":
+            # The pod an alert names is a node daemon's: the scrape target's own (dcgm-exporter's, whose pod
+            # labels a ServiceMonitor puts in pod/namespace when the GPU has no workload to name in
+            # exported_pod). It is no workload's, so the event names none.
+            return event.model_copy(update={"origin": origin.model_copy(
+                update={"pod": None, "namespace": None, "pod_uid": None, "container": None})})
         if job is None:
             return event
         return event.model_copy(update={"origin": origin.model_copy(update={"job": job})})
 
-    async def job_of(self, node: str, namespace: str | None, pod: str) -> str | None:
-        """The name of the controller of ``namespace/pod`` on ``node``, or None (bare pod, pod not found, or
-        the API did not answer)."""
+    async def owner_of(self, node: str, namespace: str | None, pod: str) -> tuple[str | None, bool]:
+        """The name of the controller of ``namespace/pod`` on ``node`` (None: a bare pod, a node daemon's, not
+        found, or the API did not answer), and whether the pod is a node daemon's (a DaemonSet's or a mirror
+        pod; known only when the namespace is)."""
         key = (node, namespace or "", pod)
         now = self._clock()
         cached = self._known.get(key)
-        if cached is not None and cached[1] > now:
+        if cached is not None and cached[2] > now:
             self._known.move_to_end(key)
-            return cached[0]
+            return cached[0], cached[1]
 
         def the_pod(p: dict[str, Any]) -> bool:
             return bool(p.get("name") == pod and (namespace is None or p.get("namespace") == namespace))
 
         if now < self._quiet_until:
-            return None
+            return None, False
         self.lookups += 1
         # A named namespace is one GET of the pod; without one, the node's pods are listed and searched.
         lookup = self._kube.job_of_pod_on_node(node, namespace, pod) if namespace \
@@ -92,10 +106,11 @@ class OwnerResolver:
             self._quiet_until = now + self._backoff_s
             log.warning("owner of pod %s/%s on %s not resolved (%s); no lookups for %g s", namespace or "?", pod,
                         node, exc or type(exc).__name__, self._backoff_s)
-            return None
-        job = ref.name if ref is not None and ref.kind != "Pod" else None
-        self._known[key] = (job, now + (self._ttl_s if ref is not None else self._miss_ttl_s))
+            return None, False
+        daemon = ref is not None and ref.kind in NODE_DAEMON_KINDS
+        job = ref.name if ref is not None and ref.kind != "Pod" and not daemon else None
+        self._known[key] = (job, daemon, now + (self._ttl_s if ref is not None else self._miss_ttl_s))
         self._known.move_to_end(key)
         while len(self._known) > self._size:
             self._known.popitem(last=False)
-        return job
+        return job, daemon

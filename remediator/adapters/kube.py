@@ -1081,15 +1081,23 @@ class KubeAdapter:
 
     def job_of_pod_on_node(self, node: str, namespace: str, name: str) -> JobRef | None:
         """``job_of_pod`` of pod ``namespace/name`` when it is bound to ``node``, from one GET of that pod (not a
-        list of the node's pods); None when there is no such pod on the node, or it is a DaemonSet or mirror
-        pod. A pod with no owner is ``JobRef(kind="Pod")``, as ``job_of_pod`` says."""
+        list of the node's pods); None when there is no such pod on the node. A pod with no owner is
+        ``JobRef(kind="Pod")``, as ``job_of_pod`` says. A node daemon's pod, never a job, says which it is:
+        ``JobRef(kind="DaemonSet")`` naming its DaemonSet, ``JobRef(kind="Node")`` for a mirror pod."""
         try:
             raw = self.read_pod(namespace, name)
         except NotFound:
             return None
         if (raw.get("spec") or {}).get("nodeName") != node:
             return None
-        return self.job_of_pod(raw)
+        summary = self._pod_summary(raw)
+        owner = summary["owner"]
+        if summary["daemonset"] and owner:
+            return JobRef("DaemonSet", owner["name"], summary["namespace"], owner["api_version"] or "apps/v1",
+                          owner.get("uid"))
+        if summary["mirror"]:
+            return JobRef("Node", node, summary["namespace"], "v1")
+        return self.job_of_pod(summary)
 
     def pods_selecting(self, node: str, label_keys: Sequence[str]) -> list[dict[str, Any]]:
         """The pods on ``node`` whose ``spec.nodeSelector`` names one of ``label_keys`` (the GPU Operator's

@@ -125,7 +125,8 @@ def test_the_job_of_one_named_pod_is_one_get_of_that_pod(kube: KubeAdapter, clus
     assert cluster.request_counts() == {"get pods": 1}  # one GET, no list of the node's pods
     assert kube.job_of_pod_on_node("gpu-node-3", NS, train) is None  # the pod runs elsewhere
     assert kube.job_of_pod_on_node("gpu-node-2", NS, "no-such-pod") is None
-    assert kube.job_of_pod_on_node("gpu-node-2", exporter["namespace"], exporter["name"]) is None  # a DaemonSet's
+    daemon = kube.job_of_pod_on_node("gpu-node-2", exporter["namespace"], exporter["name"])
+    assert daemon is not None and (daemon.kind, daemon.name) == ("DaemonSet", "nvidia-dcgm-exporter")  # no job
     bare = kube.job_of_pod_on_node("gpu-node-2", NS, "scratch")
     assert bare is not None and (bare.kind, bare.name) == ("Pod", "scratch")  # itself, never a guessed job
 

@@ -53,7 +53,9 @@ async def test_a_daemonset_pod_and_a_pod_elsewhere_are_no_job(kube: AsyncKube) -
     daemon = next(p for p in pods if p["daemonset"])
     origin = Origin(pod=daemon["name"], namespace=daemon["namespace"])
     e = await resolve(ev("xid", 13, node="gpu-node-0", origin=origin))
-    assert e.origin.job is None
+    assert e.origin.job is None and e.origin.pod == daemon["name"]  # an agent's event keeps the pod it saw
+    alert = ev("xid", 79, node="gpu-node-0", origin=origin).model_copy(update={"source": "alertmanager"})
+    assert (await resolve(alert)).origin.pod is None  # an alert naming it: the exporter's own, no workload
     e = await resolve(ev("xid", 13, node="gpu-node-0", origin=Origin(pod="pytorch-0-worker-0", namespace="training")))
     assert e.origin.job is None  # that pod runs on gpu-node-1, not where the fault was seen
 

@@ -15,6 +15,8 @@ from remediator.owners import OwnerResolver
 from tests.unit.handlers.helpers import at, ev
 
 PODS = {
+    ("node-1", "gpu-operator", "nvidia-dcgm-exporter-x7k2p"): JobRef("DaemonSet", "nvidia-dcgm-exporter",
+                                                                    "gpu-operator", "apps/v1"),
     ("node-1", "ml", "train-a-0"): JobRef("PyTorchJob", "train-a", "ml", "kubeflow.org/v1"),
     ("node-1", "ml", "train-b-0"): JobRef("PyTorchJob", "train-b", "ml", "kubeflow.org/v1"),
     ("node-1", "ml", "train-c-0"): JobRef("Job", "train-c", "ml", "batch/v1"),
@@ -142,3 +144,15 @@ async def test_three_jobs_pods_on_one_gpu_point_at_the_hardware_once_owners_are_
         v = spec.decide(pod_event(pod), h, at(hours=i), spec.policy)
         h = v.history
         assert v.decision is None
+
+
+async def test_an_alert_naming_a_node_daemons_pod_names_no_workload() -> None:
+    """Under a ServiceMonitor an alert for a GPU with no workload carries the exporter's own pod as ``pod``."""
+    kube = FakeKube()
+    exporter = Origin(fingerprint="fp-1", pod="nvidia-dcgm-exporter-x7k2p", namespace="gpu-operator",
+                      container="nvidia-dcgm-exporter")
+    alert = ev("xid", 79, origin=exporter).model_copy(update={"source": "alertmanager"})
+    out = await OwnerResolver(kube)(alert)
+    assert out.origin == Origin(fingerprint="fp-1")  # the fingerprint stays; no pod, no job
+    agent = ev("xid", 79, origin=exporter)  # a container log of that pod: the agent saw it there
+    assert (await OwnerResolver(kube)(agent)).origin == exporter
