@@ -76,7 +76,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from tenacity import RetryCallState, RetryError, Retrying, retry_if_exception
 
-from remediator.adapters.nodecache import NodeCache
+from remediator.adapters.nodecache import NodeCache, Transform
 from remediator.adapters.ratelimit import LanedLimiter, current_lane, lane
 from remediator.contracts import JOB_LABELS, OPT_OUT_LABEL, POOL_LABEL, Change, JobRef
 from remediator.errors import Conflict, PermanentError, RemediatorError, TemporaryError
@@ -657,15 +657,16 @@ class KubeAdapter:
                                         transform=slim_node).start()
         return self.node_cache
 
-    def _node_snapshot(self) -> tuple[list[dict[str, Any]], str]:
-        """Every node and the list's resourceVersion (one snapshot across pages)."""
+    def _node_snapshot(self, transform: Transform = dict) -> tuple[list[dict[str, Any]], str]:
+        """Every node, through ``transform`` page by page, and the list's resourceVersion (one snapshot across
+        pages): the node cache's lister."""
         items: list[dict[str, Any]] = []
         params: dict[str, str | int] = {"limit": self._page_size}
         rv = ""
         while True:
             page = self._request("GET", "/api/v1/nodes", query=params, kind="NodeList")
-            # slimmed page by page: a 100,000-node list never sits in memory whole
-            items.extend(slim_node(i) for i in page.get("items") or [] if isinstance(i, dict))
+            # transformed (slimmed, for the cache) page by page: a 100,000-node list never sits in memory whole
+            items.extend(transform(i) for i in page.get("items") or [] if isinstance(i, dict))
             rv = rv or str(_meta(page).get("resourceVersion") or "")
             token = _meta(page).get("continue")
             if not token:

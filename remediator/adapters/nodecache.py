@@ -35,9 +35,12 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = ["NodeCache", "newer"]
+__all__ = ["Lister", "NodeCache", "Transform", "Watcher", "newer"]
 
-Lister = Callable[[], tuple[list[dict[str, Any]], str]]
+Transform = Callable[[Mapping[str, Any]], dict[str, Any]]
+# Every node, each passed through the transform as it arrives (a page at a time: a large cluster's raw list is
+# never held whole), and the list's resourceVersion.
+Lister = Callable[[Transform], tuple[list[dict[str, Any]], str]]
 Watcher = Callable[[str, float], Iterator[dict[str, Any]]]
 
 
@@ -62,7 +65,7 @@ class NodeCache:
 
     def __init__(self, lister: Lister, watcher: Watcher, *, resync_s: float = 300.0, watch_timeout_s: float = 60.0,
                  stale_after_s: float = 30.0, clock: Callable[[], float] = time.monotonic,
-                 transform: Callable[[Mapping[str, Any]], dict[str, Any]] = dict) -> None:
+                 transform: Transform = dict) -> None:
         self._list = lister
         self._transform = transform  # what is stored of each object (client-go's SetTransform); a copy
         self._watch = watcher
@@ -136,8 +139,8 @@ class NodeCache:
             self._thread.join(timeout_s)
 
     def _relist(self) -> None:
-        items, rv = self._list()
-        fresh = {str(o["metadata"]["name"]): self._transform(o) for o in items if (o.get("metadata") or {}).get("name")}
+        items, rv = self._list(self._transform)
+        fresh = {str(o["metadata"]["name"]): o for o in items if (o.get("metadata") or {}).get("name")}
         with self._lock:
             self._nodes = fresh
             self._rv = rv

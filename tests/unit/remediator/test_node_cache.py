@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -37,12 +37,12 @@ class ScriptedApi:
         self.fail_lists = 0
         self.idle = threading.Event()
 
-    def lister(self) -> tuple[list[dict[str, Any]], str]:
+    def lister(self, transform: Callable[[Mapping[str, Any]], dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
         self.lists += 1
         if self.fail_lists:
             self.fail_lists -= 1
             raise OSError("connection refused")
-        return list(self.nodes.values()), str(self.rv)
+        return [transform(n) for n in self.nodes.values()], str(self.rv)
 
     def watcher(self, rv: str, _timeout: float) -> Iterator[dict[str, Any]]:
         self.watched_from.append(rv)
