@@ -15,6 +15,7 @@ Kubernetes adapter's mutations, the agent's ``AgentReply``, a playbook step's re
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -78,11 +79,14 @@ _PCI_RE = re.compile(
 )
 
 
+@functools.lru_cache(maxsize=4096)
 def normalize_pci_bus_id(raw: str) -> str:
     """Return ``raw`` as ``DDDD:BB:DD.F`` in lower case.
 
     Accepts what kernels, NVML and dcgm-exporter print: ``0000:3B:00``, ``00000000:3B:00.0`` (NVML's
-    eight-digit domain), ``3b:00.0`` (no domain). Raises ``ValueError`` for anything else.
+    eight-digit domain), ``3b:00.0`` (no domain). Raises ``ValueError`` for anything else (not cached).
+    Memoised, bounded: a fleet has a few PCI addresses per node model and an event names one two or three
+    times on its way in (the signature, the ``GpuRef``).
     """
     text = raw.strip()
     if text.upper().startswith("PCI:"):
@@ -213,6 +217,9 @@ def bounded_labels(labels: Mapping[str, str]) -> dict[str, str]:
     """``labels`` within the event limits: each value cut to ``LABEL_VALUE_MAX`` with the marker, keys
     longer than ``LABEL_KEY_MAX`` dropped, at most ``LABELS_MAX`` labels kept (in sorted key order); what was
     cut or dropped is named under ``gpu-remediator.io/truncated`` (a comma-separated list of label keys)."""
+    if len(labels) < LABELS_MAX and all(len(k) <= LABEL_KEY_MAX and type(v) is str and len(v) <= LABEL_VALUE_MAX
+                                        for k, v in labels.items()):
+        return {key: labels[key] for key in sorted(labels)}  # nothing to cut: the common case, one pass
     out: dict[str, str] = {}
     cut: list[str] = []
     for key in sorted(labels):

@@ -51,3 +51,16 @@ def test_labels_are_cut_with_a_marker_and_named() -> None:
     assert out[TRUNCATED_LABEL].split(",")[0] == "a" and len(out) == 3
     many = bounded_labels({f"l{i:03d}": "v" for i in range(500)})
     assert len(many) == LABELS_MAX and TRUNCATED_LABEL in many
+
+
+@given(st.dictionaries(st.text(max_size=300), st.text(max_size=1200), max_size=LABELS_MAX + 2))
+def test_labels_within_the_limits_come_back_whole_in_key_order(labels: dict[str, str]) -> None:
+    """The common case (nothing to cut) takes one pass; it must say what the cutting pass would."""
+    from remediator.contracts import LABEL_KEY_MAX
+
+    out = bounded_labels(labels)
+    if len(labels) < LABELS_MAX and all(len(k) <= LABEL_KEY_MAX and len(v) <= LABEL_VALUE_MAX
+                                        for k, v in labels.items()):
+        assert out == labels and list(out) == sorted(labels) and TRUNCATED_LABEL not in out
+    else:
+        assert TRUNCATED_LABEL in out and len(out) <= LABELS_MAX
