@@ -224,23 +224,33 @@ class Executor:
         # A redelivery with no run record: every earlier delivery failed before the guards' outcome was
         # stored, so nothing acted yet; the record says so (a retried start, not a second remediation).
         retried = delivery if not resumed and delivery > 1 else None
-        await audit.append("decision", ("resuming" if resumed else "received") + f" by {self.actor}: playbook "
-                           f"{pb.name}" + (f", {len(run.order)} steps recorded" if resumed else "")
-                           + (f" (delivery {retried}: no earlier one got past the guards)" if retried else ""),
-                           after={"playbook": pb.name, "resumed": resumed, **({"guards_off": off} if off else {}),
-                                  **({"delivery": retried} if retried else {})})
-        if run.guards_passed:  # else the guards' outcome is the first write of the run record
-            await stored.save()
+        # The decision record is written while the guards read their facts (it precedes every verdict on the
+        # node's chain: _guards awaits it before the first one), not before them: one round trip off the path.
+        decided = asyncio.ensure_future(audit.append(
+            "decision", ("resuming" if resumed else "received") + f" by {self.actor}: playbook "
+            f"{pb.name}" + (f", {len(run.order)} steps recorded" if resumed else "")
+            + (f" (delivery {retried}: no earlier one got past the guards)" if retried else ""),
+            after={"playbook": pb.name, "resumed": resumed, **({"guards_off": off} if off else {}),
+                   **({"delivery": retried} if retried else {})}))
         ctx = self._context(d, pb, audit)
+        try:
+            gate = None if run.guards_passed else await self._guards(d, pb, lease, audit, decided)
+            if gate is None:  # resumed past the guards: the new owner is the first write
+                await stored.save()
+        except BaseException:
+            await asyncio.wait([decided])  # never left running unowned; the first error is the one raised
+            if not decided.cancelled():
+                decided.exception()
+            raise
+        await decided
 
-        if not run.guards_passed:
-            gate = await self._guards(d, pb, lease, audit)
+        if gate is not None:
             run.verdicts = [v.to_json() for v in gate.verdicts]
             run.shadow, run.reserved = gate.shadow, gate.reserved
             if gate.stop is not None:
                 return await self._stopped_by_guard(ctx, stored, gate.stop, audit)
             run.guards_passed = True
-            await stored.save()
+            stored.defer()  # written with the first step's ``running`` record, before anything acts
 
         outcome, detail = "completed", ""
         try:
@@ -269,6 +279,7 @@ class Executor:
                     if reason:
                         raise _Cancelled(reason)
                 if spec.requires_approval:
+                    await stored.flush()  # the guards' outcome is stored before a wait that may end in a nak
                     await self._await_approval(d, spec, audit)
                 cordon = self._cordon_with(pb, spec, run)
                 if cordon is not None and await self._runner.quarantine(ctx, spec, cordon, stored):
@@ -279,6 +290,10 @@ class Executor:
         except _Cancelled as c:
             outcome, detail = "cancelled", str(c)
             await audit.append("override", f"{c}: cancelling {pb.name} on {d.node}", after={"cancelled": True})
+        except BaseException:  # a nak, a lost lock, a stop: the guards' outcome survives the delivery
+            with contextlib.suppress(Exception):
+                await stored.flush()
+            raise
         if outcome == "completed" and any(r.name == "escalate" and r.status == "succeeded"
                                            for r in run.records.values()):
             outcome = "escalated"  # handed over to a person (gpu-lost, unknown-xid, the replace rung)
@@ -308,6 +323,7 @@ class Executor:
         it repaired or gone), ``playbook_finished`` audited with the state the node was left in (``left``),
         and the incident closed in its history (a later fault opens a new incident, which the guards judge)."""
         _, gate, _ = await self._kv()
+        await stored.flush()  # a run that ends before its first step: the guards' outcome before the release
         run = stored.run
         run.status, run.outcome, run.detail = "finished", outcome, detail
         left = await self._left(d, run)
@@ -353,24 +369,30 @@ class Executor:
 
     # --- guards -----------------------------------------------------------------------------------
 
-    async def _guards(self, d: Decision, pb: Playbook, lease: Lease, audit: IncidentAudit) -> GateResult:
-        """Gather the facts, let the gate evaluate and commit, and audit each verdict once."""
+    async def _guards(self, d: Decision, pb: Playbook, lease: Lease, audit: IncidentAudit,
+                      decided: Awaitable[Any]) -> GateResult:
+        """Gather the facts, let the gate evaluate and commit, and audit each verdict once, after the
+        ``decided`` record (the run's ``decision``, in flight while the facts are read)."""
         _, gate, _ = await self._kv()
         policy = self.policy()
         node = await self.kube.find_node(d.node)
         if node is None:
             v = GuardVerdict("opt_out", False, f"node {d.node} does not exist", "block")
+            await decided
             await self._verdict(audit, v)
             return GateResult((v,))
         quarantine = quarantine_of(pb, self.steps)
-        attempts = await gate.attempts.recent(d.node) if "cooldown" in policy.enabled else ()
+        # read once: the attempt the gate records is a compare-and-set on this revision, not a second read
+        attempts = await gate.attempts.read(d.node) if "cooldown" in policy.enabled else None
         pool_nodes = None
         if "budget" in policy.enabled and quarantine is not None:
             pool_nodes = await self._pools.nodes(str(node.get("pool") or "default"))
         facts = Facts(node=node, quarantine=quarantine, playbook_dry_run=pb.dry_run, me=lease.owner,
                       lock_holder=None if lease.lost.is_set() else lease.owner, taint_key=self.settings.taint_key,
-                      attempts=attempts, pool_nodes=pool_nodes)
+                      attempts=attempts.value if attempts is not None else (), pool_nodes=pool_nodes,
+                      attempts_revision=attempts.revision if attempts is not None else None)
         result = await gate.evaluate(d, policy, facts, self.clock())
+        await decided
         for v in result.verdicts:
             if v.name in policy.enabled or v.name in safety.ALWAYS_ON:  # a guard that is off: the decision says so
                 await self._verdict(audit, v)

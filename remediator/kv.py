@@ -131,9 +131,14 @@ class Documents(Generic[T]):
             raise
         return True
 
-    async def update(self, key: str, fn: Callable[[T], tuple[T, R]]) -> R:
+    async def update(self, key: str, fn: Callable[[T], tuple[T, R]], *, read: Entry[T] | None = None) -> R:
         """Apply ``fn`` to the current value and store its first result on the revision read, retrying on a
         lost race; returns ``fn``'s second result from the run that won.
+
+        ``read``: the document as the caller just read it (``get``), taken as the first attempt's read, which
+        saves a round trip; the compare-and-set still checks its revision, so a stale ``read`` costs a lost race
+        and a fresh read, never a lost update. When ``fn`` changes nothing on ``read``, the document is read
+        again before the result is believed (nothing is written on a value the server may no longer hold).
 
         ``fn`` must be pure: it may run several times. When its first result equals the value it was given,
         nothing is written. Raises ``LostRace`` after ``max_attempts`` lost races in a row.
@@ -145,7 +150,7 @@ class Documents(Generic[T]):
         An ``fn`` that raises gets its exception and leaves the value as the ``fn`` before it made it. Writers
         in other processes are still ordered by the revision, as before.
         """
-        slot = _Slot(fn, asyncio.get_running_loop().create_future())
+        slot = _Slot(fn, asyncio.get_running_loop().create_future(), read)
         # a caller cancelled while its slot is in a batch is not there to read an error: mark it read
         slot.done.add_done_callback(lambda f: f.cancelled() or f.exception())
         turn = self._turns.get(key)
@@ -173,8 +178,10 @@ class Documents(Generic[T]):
     async def _commit(self, key: str, batch: list[_Slot[T]]) -> None:
         """Apply ``batch`` in order to one read of ``key``, write once, and settle every slot."""
         try:
+            known = batch[0].read
             for attempt in range(self.max_attempts):
-                current = await self.get(key, fresh=attempt > 0)
+                given = known is not None and attempt == 0
+                current = known if given and known is not None else await self.get(key, fresh=attempt > 0)
                 value = current.value
                 outcomes: list[tuple[_Slot[T], Any, Exception | None]] = []
                 for slot in batch:
@@ -184,6 +191,8 @@ class Documents(Generic[T]):
                         outcomes.append((slot, None, e))
                     else:
                         outcomes.append((slot, result, None))
+                if given and value == current.value:
+                    continue  # unchanged on the caller's read: believe it only on the server's own
                 if value != current.value:
                     try:
                         await self.put(key, value, current.revision)
@@ -214,6 +223,7 @@ class _Slot(Generic[T]):
 
     fn: Callable[[T], tuple[T, Any]]
     done: asyncio.Future[Any]
+    read: Entry[T] | None = None
 
 
 @dataclass

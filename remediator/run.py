@@ -125,10 +125,23 @@ class StoredRun:
     log: RunLog
     run: RunRecord
     revision: int
+    unsaved: bool = False  # a change ``defer`` left for the next write
 
     async def save(self) -> None:
         """Store the record; ``kv.LostRace`` when someone else wrote it since (another replica owns the run)."""
         self.revision = await self.log.docs.put(run_key(self.run.incident), self.run, self.revision)
+        self.unsaved = False
+
+    def defer(self) -> None:
+        """Leave the change just made to the next ``save``, which follows before anything acts (the guards'
+        outcome rides on the first step's ``running`` write: one compare-and-set, not two); ``flush`` writes
+        it where no step follows."""
+        self.unsaved = True
+
+    async def flush(self) -> None:
+        """Write what ``defer`` left, if anything."""
+        if self.unsaved:
+            await self.save()
 
 
 class RunLog:

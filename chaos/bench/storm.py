@@ -42,6 +42,7 @@ import gc
 import multiprocessing as mp
 import os
 import resource
+import statistics
 import tempfile
 import threading
 import time
@@ -181,6 +182,8 @@ class _Pipeline:
     root: Path
     cordoned_at: dict[str, float]
     sim_info: dict[str, Any] = field(default_factory=dict)
+    nc_x: Any = None  # the service connection (the dispatcher's, the executor's, the webhook ingest's)
+    audit: Any = None  # the audit log they share
 
 
 @contextlib.asynccontextmanager
@@ -247,30 +250,33 @@ async def _pipeline(nodes: int, overrides: dict[str, Any], *, label: str,
             nc_a, js_a = await bus.connect(server.url, name="storm-provision", credentials=who("admin"))
             await bus.provision(js_a, settings)
             await nc_a.close()
-            nc_d, js_d = await bus.connect(server.url, name="storm-dispatch", credentials=who("dispatcher"))
-            nc_x, js_x = await bus.connect(server.url, name="storm-executor", credentials=who("executor"))
+            # One connection as the service identity and one audit log for the dispatcher and the executor (and
+            # the webhook's ingest), as a ``serve`` replica has them: they share the chains' heads.
+            nc_x, js_x = await bus.connect(server.url, name="storm-service", credentials=who("service"))
+            audit = AuditLog(js_x, label)
             nc_p, js_p = await bus.connect(server.url, name="storm-publisher",
                                            credentials=_fleet_of_agents(server, Path(tmp)))
             adapter = TimedKube.from_settings(settings, poll_interval_s=0.2)
             kube = AsyncKube(adapter, max_workers=settings.executor_concurrency + 4)
             await kube.start(wait_s=120.0)
-            dispatcher = await Dispatcher.create(nc_d, js_d, settings, AuditLog(js_d, "storm-dispatch"),
+            dispatcher = await Dispatcher.create(nc_x, js_x, settings, audit,
                                                  registry=configured_registry(settings),
                                                  origins=OwnerResolver(kube))  # as serve has it
-            executor = Executor(nc_x, js_x, settings, kube, AuditLog(js_x, "storm-executor"), PlaybookCatalog.load(),
+            executor = Executor(nc_x, js_x, settings, kube, audit, PlaybookCatalog.load(),
                                 AgentClient(nc_x), keep_results=nodes)  # every run's result: one per node at most
             # What serve does once started and its node cache synced: that heap out of the collector's way.
             gc.collect()
             gc.freeze()
             stop = asyncio.Event()
             tasks = [asyncio.create_task(dispatcher.run(stop)), asyncio.create_task(executor.run(stop))]
-            pipe = _Pipeline(server, settings, adapter, kube, executor, js_x, js_p, Path(tmp), cordoned_at, sim_info)
+            pipe = _Pipeline(server, settings, adapter, kube, executor, js_x, js_p, Path(tmp), cordoned_at, sim_info,
+                             nc_x=nc_x, audit=audit)
             try:
                 yield pipe
             finally:
                 stop.set()
                 await asyncio.gather(*tasks, return_exceptions=True)
-                for nc in (nc_d, nc_x, nc_p):
+                for nc in (nc_x, nc_p):
                     with contextlib.suppress(Exception):
                         await nc.drain()
                 kube.close()
@@ -432,8 +438,6 @@ async def webhook(nodes: int = 1500, alerts: int = 100, progress: Progress = Non
     """
     import uvicorn
 
-    from remediator import bus
-    from remediator.audit import AuditLog
     from remediator.ingest.app import create_app
     from remediator.natsd import free_port
     from remediator.service import _EmbeddedServer
@@ -443,20 +447,25 @@ async def webhook(nodes: int = 1500, alerts: int = 100, progress: Progress = Non
     say = progress or (lambda _m: None)
     loop = asyncio.get_running_loop()
     cordoned: dict[str, asyncio.Event] = {}
+    service: list[Any] = []  # the service connection, once the pipeline holds one
+    sent_at_cordon: dict[str, int] = {}
 
     def on_cordon(node: str) -> None:
         event = cordoned.get(node)
         if event is not None:
+            if service:  # what the replica had sent when the cordon returned (read from the adapter thread)
+                sent_at_cordon[node] = int(service[0].stats["out_msgs"])
             loop.call_soon_threadsafe(event.set)
 
     overrides = {"guards_enabled": _BREAKER_LESS, "api_tokens": f"alertmanager:{WEBHOOK_TOKEN}"}
     answer_ms: list[float] = []
     cordon_ms: list[float] = []
+    sent_before_cordon: list[int] = []
     statuses: dict[int, int] = {}
     async with _pipeline(nodes, overrides, label="webhook", on_cordon=on_cordon) as pipe:
-        nc_i, js_i = await bus.connect(pipe.server.url, name="storm-ingest",
-                                       credentials=bus.Credentials(creds_file=pipe.server.creds("ingest")))
-        app = create_app(settings=pipe.settings, nc=nc_i, js=js_i, audit=AuditLog(js_i, "storm-ingest"))
+        service.append(pipe.nc_x)
+        # the replica's own connection and audit log, as serve hands them to create_app
+        app = create_app(settings=pipe.settings, nc=pipe.nc_x, js=pipe.js_x, audit=pipe.audit)
         port = free_port()
         http = _EmbeddedServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                               access_log=False, lifespan="off"))
@@ -474,6 +483,7 @@ async def webhook(nodes: int = 1500, alerts: int = 100, progress: Progress = Non
             for n, node in enumerate(victims):
                 cordoned[node] = asyncio.Event()
                 body = _alert_body(node, n + 1)
+                sent0 = int(pipe.nc_x.stats["out_msgs"])
                 t0 = time.monotonic()
                 status = await _post(reader, writer, port, body)
                 answer_ms.append(1000 * (time.monotonic() - t0))
@@ -482,6 +492,8 @@ async def webhook(nodes: int = 1500, alerts: int = 100, progress: Progress = Non
                     await asyncio.wait_for(cordoned[node].wait(), 30)
                 if node in pipe.cordoned_at:
                     cordon_ms.append(1000 * (pipe.cordoned_at[node] - t0))
+                if node in sent_at_cordon:
+                    sent_before_cordon.append(sent_at_cordon[node] - sent0)
                 deadline = time.monotonic() + 30
                 while len(pipe.executor.results) <= n and time.monotonic() < deadline:  # noqa: ASYNC110 - a list
                     await asyncio.sleep(0.01)
@@ -498,8 +510,6 @@ async def webhook(nodes: int = 1500, alerts: int = 100, progress: Progress = Non
             http.should_exit = True
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(serving, 10)
-            with contextlib.suppress(Exception):
-                await nc_i.drain()
     return {
         "nodes": nodes,
         "alerts": alerts,
@@ -511,6 +521,7 @@ async def webhook(nodes: int = 1500, alerts: int = 100, progress: Progress = Non
         "p50_answer_ms": round(_percentile(answer_ms, 0.50), 2),
         "p99_answer_ms": round(_percentile(answer_ms, 0.99), 2),
         "api_requests_per_incident": round(requests / alerts, 2),
+        "nats_messages_before_cordon": statistics.median(sent_before_cordon) if sent_before_cordon else None,
         "limiter_wait_ms_per_incident": round(1000 * waited / alerts, 2),
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }

@@ -15,7 +15,7 @@ from typing import Any
 
 from nats.js.kv import KeyValue
 
-from remediator.kv import Documents
+from remediator.kv import Documents, Entry
 from remediator.subjects import attempts_key
 
 __all__ = ["Attempt", "AttemptLog"]
@@ -61,9 +61,15 @@ class AttemptLog:
         self._docs = Documents(kv, _decode, _encode, max_attempts=max_attempts)
 
     async def recent(self, node: str) -> tuple[Attempt, ...]:
-        return (await self._docs.get(attempts_key(node))).value
+        return (await self.read(node)).value
 
-    async def record(self, attempt: Attempt, window_s: float) -> None:
-        """Add ``attempt`` to its node's document (idempotent per incident)."""
+    async def read(self, node: str) -> Entry[tuple[Attempt, ...]]:
+        """The node's attempts and the revision they were read at (hand it to ``record``)."""
+        return await self._docs.get(attempts_key(node))
+
+    async def record(self, attempt: Attempt, window_s: float, *,
+                     read: Entry[tuple[Attempt, ...]] | None = None) -> None:
+        """Add ``attempt`` to its node's document (idempotent per incident); ``read``: the document as the
+        caller read it, which saves the update its own read (``kv.Documents.update``)."""
         await self._docs.update(attempts_key(attempt.node),
-                                lambda cur: (with_attempt(cur, attempt, window_s), None))
+                                lambda cur: (with_attempt(cur, attempt, window_s), None), read=read)

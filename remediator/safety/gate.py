@@ -20,7 +20,7 @@ from typing import Any
 from nats.js.kv import KeyValue
 
 from remediator.contracts import Decision
-from remediator.kv import json_documents
+from remediator.kv import Entry, json_documents
 from remediator.safety.attempts import Attempt, AttemptLog
 from remediator.safety.guards import (
     GUARD_NAMES,
@@ -56,6 +56,7 @@ class Facts:
     taint_key: str
     attempts: tuple[Attempt, ...] = ()
     pool_nodes: Sequence[Mapping[str, Any]] | None = None
+    attempts_revision: int | None = None  # the revision ``attempts`` were read at, when read for this decision
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,7 @@ class Gate:
         else:
             _, result = decide(d, policy, facts, Ledger(), now)
         if result.stop is None and not result.shadow and "cooldown" in policy.enabled:
+            read = None if facts.attempts_revision is None else Entry(facts.attempts, facts.attempts_revision)
             await self.attempts.record(Attempt(d.incident_id, d.node, d.gpu.key if d.gpu else "", now),
-                                       policy.attempt_window_s)
+                                       policy.attempt_window_s, read=read)
         return result

@@ -246,3 +246,35 @@ async def test_an_update_cancelled_before_its_turn_never_applies_and_strands_no_
         await waiting
     assert (await docs.get("doc.cancel")).value == {"n": 2}  # first and third; the cancelled waiter never applied
     assert docs._turns == {}
+
+
+async def test_an_update_on_the_callers_own_read_saves_its_read_and_a_stale_one_loses_nothing(kv: KeyValue) -> None:
+    docs = json_documents(kv)
+    await docs.put("doc.r", {"n": 1}, 0)
+    reads: list[bool] = []
+    real_get = docs.get
+
+    async def counted_get(key: str, *, fresh: bool = False) -> Any:
+        reads.append(fresh)
+        return await real_get(key, fresh=fresh)
+
+    docs.get = counted_get  # type: ignore[method-assign]
+
+    def bump(doc: dict[str, Any] | None) -> tuple[dict[str, Any] | None, int]:
+        n = int((doc or {})["n"]) + 1
+        return {"n": n}, n
+
+    read = await real_get("doc.r")
+    assert await docs.update("doc.r", bump, read=read) == 2
+    assert reads == []  # the caller's read was the update's read: one compare-and-set, no get
+    # stale: someone wrote since the caller read; the compare-and-set fails and the update re-reads
+    assert await docs.update("doc.r", bump, read=read) == 3
+    assert reads == [True]
+    assert (await real_get("doc.r")).value == {"n": 3}
+
+    # unchanged on the caller's read: believed only once the server's own read says so
+    def keep(doc: dict[str, Any] | None) -> tuple[dict[str, Any] | None, int]:
+        return doc, int((doc or {})["n"])
+
+    assert await docs.update("doc.r", keep, read=read) == 3  # read said 2: the server's value wins
+    assert reads == [True, True]
