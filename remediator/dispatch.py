@@ -42,7 +42,7 @@ from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
-from handlers.base import HandlerRegistry, HandlerSpec, Verdict, incident_id_for
+from handlers.base import HandlerRegistry, HandlerSpec, History, Verdict, incident_id_for
 from handlers.rules import RuleSet
 from remediator import consumers
 from remediator.adapters.agent import AgentKeys
@@ -73,6 +73,14 @@ def history_key(spec: HandlerSpec[Any], event: FaultEvent) -> str:
     """KV key of the history a handler decides over: the event's node unless the handler says otherwise."""
     keyfn: Callable[[FaultEvent], str] | None = getattr(spec, "history_key", None)
     return keyfn(event) if keyfn is not None else node_key(event.node)
+
+
+def _drop(read: asyncio.Future[Any]) -> None:
+    """Let a read nobody will use go: cancelled while in flight, its error (if it failed) taken."""
+    if not read.done():
+        read.cancel()
+    elif not read.cancelled():
+        read.exception()
 
 
 def with_provenance(decision: Decision, event: FaultEvent, key: str) -> Decision:
@@ -146,7 +154,18 @@ class Dispatcher:
         ``trace_id`` is stamped on every audit record, ``traceparent`` sent with every decision published.
         """
         self.stats.events += 1
-        if self._origins is not None:
+        early: dict[str, asyncio.Future[tuple[History, int]]] = {}
+        if self._origins is not None and event.origin.pod and not event.origin.job:
+            # Who owns the pod is an API request; the node's history does not depend on it: read both at once.
+            # (A handler keyed by something else, the job's NCCL history, waits for the owner as before.)
+            key = node_key(event.node)
+            early[key] = asyncio.ensure_future(self._state.get(key))
+            try:
+                event = await self._origins(event)
+            except BaseException:
+                _drop(early[key])
+                raise
+        elif self._origins is not None:
             event = await self._origins(event)
         specs = self._registry.for_event(event)
         audit = self._audit.bind(AuditContext.of_event(event, trace_id))
@@ -163,7 +182,7 @@ class Dispatcher:
         duplicate_for = 0
         for spec in specs:
             key = history_key(spec, event)
-            verdict = await self._decide(spec, key, event)
+            verdict = await self._decide(spec, key, event, early.pop(key, None))
             if verdict is None:  # seen before: a redelivery, or a replay past the duplicate window
                 duplicate_for += 1
                 for decision, recent in await self._republish_opened(key, event, traceparent):
@@ -174,6 +193,8 @@ class Dispatcher:
                 continue
             self.stats.by_handler[spec.name] = self.stats.by_handler.get(spec.name, 0) + 1
             await self._record(audit, verdict, traceparent, published, accept)
+        for unused in early.values():  # no handler read the node's history: let the read go
+            _drop(unused)
         if not specs:
             await audit.append("event_ignored", f"no handler for kind {event.kind}")
         elif duplicate_for == len(specs):
@@ -212,15 +233,17 @@ class Dispatcher:
         await on.append("decision", decision.reason, after=decision_after(decision),
                         once=f"decision|{decision.incident_id}")
 
-    async def _decide(self, spec: HandlerSpec[Any], key: str, event: FaultEvent) -> Verdict | None:
+    async def _decide(self, spec: HandlerSpec[Any], key: str, event: FaultEvent,
+                      read: Awaitable[tuple[History, int]] | None = None) -> Verdict | None:
         """The handler's verdict, with the history written back by compare-and-set (None: a duplicate).
 
         A decision is stored under ``decision.<incident>`` *before* the history that says it was made, so a
         crash between the two leaves something to re-publish on redelivery. Losing the CAS race means
-        re-reading and deciding again, never overwriting.
+        re-reading and deciding again, never overwriting. ``read``: the history's read, already in flight.
         """
         for attempt in range(25):
-            history, revision = await self._state.get(key, fresh=attempt > 0)
+            history, revision = await (read if read is not None and attempt == 0
+                                       else self._state.get(key, fresh=attempt > 0))
             if any(s.event_id == event.id for s in history.sightings):
                 return None
             verdict = spec.decide(event, history, self._clock(), spec.policy)

@@ -8,9 +8,11 @@ carries the incident, node, GPU, event id, job, alert fingerprint and trace id. 
 
 1. **lock**: ``safety.lock`` (KV ``remediator-locks`` ``node.<node>``, renewed while running, released at
    the end), so two replicas never run playbooks on one node; a refusal is an audited ``lock`` verdict and
-   the message is retried later;
+   the message is retried later; a free node's lock is taken before the run record is read (once, under
+   it), a held one is waited for only once the record said the run is not finished;
 2. **guards**: ``safety.gate`` evaluates the guards over a snapshot and commits their bookkeeping to the
-   ledger by compare-and-set; every verdict is audited;
+   ledger by compare-and-set; every verdict is audited, after the run's ``decision`` record and before the
+   run record that says they passed, which rides on the first step's write (``StoredRun.defer``);
 3. **steps**: the playbook's ladder (``remediator.run.next_step``) over the step library
    (``playbooks.steps``), each step's record persisted in ``run.<incident>`` by compare-and-set before and
    after it runs: a replica killed mid-step is resumed (after the lock TTL and the message's redelivery) by
@@ -172,12 +174,6 @@ class Executor:
 
     async def _execute(self, d: Decision, msg: Msg | None, audit: IncidentAudit) -> RunResult:
         locks, _gate, runs = await self._kv()
-        run, _rev = await runs.get(d.incident_id)
-        if run is not None and run.finished:
-            return run.result()
-        if d.playbook not in self.playbooks:
-            raise PermanentError(f"no playbook named {d.playbook!r}")
-        pb = self.playbooks.get(d.playbook)
         me = f"{self.actor}|{d.incident_id}|{uuid.uuid4().hex[:8]}"
 
         async def heartbeat() -> None:
@@ -185,10 +181,28 @@ class Executor:
                 with contextlib.suppress(Exception):
                     await msg.in_progress()
 
-        lease = await self._take_lock(d, me, audit, heartbeat)
+        # The common case, a free node: its lock at once, and the run record read once, under it. A held lock
+        # is waited for only after the record said the run is not finished (a finished run's redelivery acks
+        # without waiting for another incident's run on the node).
+        got = await locks.try_take(d.node, me, d.incident_id)
+        if isinstance(got, Lease):
+            lease = got
+        else:
+            run, _rev = await runs.get(d.incident_id)
+            if run is not None and run.finished:
+                return run.result()
+            if d.playbook not in self.playbooks:
+                raise PermanentError(f"no playbook named {d.playbook!r}")
+            lease = await self._take_lock(d, me, audit, heartbeat)
         every = max(1.0, min(self.settings.lock_ttl_s / 3.0, 10.0))
         keeper = asyncio.create_task(locks.keep(lease, every, heartbeat))
         try:
+            if d.playbook not in self.playbooks:  # unless the run finished before the playbook went away
+                run, _rev = await runs.get(d.incident_id)
+                if run is not None and run.finished:
+                    return run.result()
+                raise PermanentError(f"no playbook named {d.playbook!r}")
+            pb = self.playbooks.get(d.playbook)
             return await self._run_locked(d, pb, lease, runs, audit, num_delivered(msg) if msg is not None else 1)
         finally:
             keeper.cancel()

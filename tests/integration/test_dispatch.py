@@ -310,3 +310,36 @@ async def test_an_event_dead_lettered_is_audited_with_its_provenance(nats_server
     assert [(r.what, r.event_id, r.fingerprint, r.trace_id) for r in records] == [
         ("dead_letter", ev.id, "feedface", TRACE)]
     await nc.close()
+
+
+async def test_the_nodes_history_is_read_while_the_pods_owner_is_looked_up(nats_server: EmbeddedNats) -> None:
+    """An event naming a pod costs an API request for its owner; the node's history does not wait for it."""
+    clock = Clock()
+    settings = Settings(nats_url=nats_server.url, nak_delay_s=0.1)
+    nc, js = await bus.connect(nats_server.url)
+    try:
+        await bus.provision(js, settings)
+        order: list[str] = []
+
+        async def owner(event: FaultEvent) -> FaultEvent:
+            order.append("owner asked")
+            await asyncio.sleep(0.2)  # the API server's answer
+            order.append("owner answered")
+            return event.model_copy(update={"origin": event.origin.model_copy(update={"job": "train-7"})})
+
+        d = await Dispatcher.create(nc, js, settings, AuditLog(js, "test", clock=clock), registry=default_registry(),
+                                    clock=clock, origins=owner)
+        real_get = d._state.get
+
+        async def get(key: str, *, fresh: bool = False) -> tuple[object, int]:
+            order.append(f"read {key}")
+            return await real_get(key, fresh=fresh)
+
+        d._state.get = get  # type: ignore[method-assign]
+        event = xid("gpu-node-5", 79, "early-read-1", origin=Origin(pod="trainer-0", namespace="ml"))
+        (decision,) = await d.handle(event)
+        assert order[:3] == ["owner asked", "read node.gpu-node-5", "owner answered"], order
+        assert order.count("read node.gpu-node-5") == 1  # the early read is the one the handler decided on
+        assert decision.job == "train-7" and decision.origin.pod == "trainer-0"  # decided on the resolved event
+    finally:
+        await nc.close()

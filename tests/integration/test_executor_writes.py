@@ -1,10 +1,12 @@
 """The round trips of one run before it acts, against a real nats-server and the simulated API server.
 
-What a gpu-lost run writes before its quarantine PATCH: the run record once (the guards' outcome rides on the
-first step's ``running`` write), the attempts document read once (the gate's compare-and-set is on that read),
-the ``decision`` record written while the guards read their facts but before every verdict on the node's
-chain. And where no step write follows at once (an approval gate on the first step), the guards' outcome is
-stored before the run waits, so a redelivery does not judge it again.
+What a gpu-lost run does before its quarantine PATCH: the node's lock first and the run record read once,
+under it (a held lock is waited for only after the record said the run is not finished); the run record
+written once (the guards' outcome rides on the first step's ``running`` write); the attempts document read
+once (the gate's compare-and-set is on that read); the ``decision`` record written while the guards read
+their facts but before every verdict on the node's chain. And where no step write follows at once (an
+approval gate on the first step), the guards' outcome is stored before the run waits, so a redelivery does
+not judge it again.
 """
 
 from __future__ import annotations
@@ -89,3 +91,33 @@ def approve_cmd() -> object:
     from remediator.cli.operator import approve
 
     return approve
+
+
+async def test_a_free_node_is_locked_first_and_the_run_record_read_once(
+        nats_server: EmbeddedNats, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    reads: list[str] = []
+    real_get = Documents.get
+
+    async def get(self: Documents[Any], key: str, *, fresh: bool = False) -> Any:
+        reads.append(key)
+        return await real_get(self, key, fresh=fresh)
+
+    monkeypatch.setattr(Documents, "get", get)
+    async with rig(nats_server.url, tmp_path) as r:
+        d = decision("gpu-node-0", "gpu-lost", gpu=1)
+        assert (await r.executor.execute(d)).outcome == "escalated"
+        assert reads.count(f"run.{d.incident_id}") == 1
+
+
+async def test_a_finished_runs_redelivery_does_not_wait_for_another_runs_lock(
+        nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    async with rig(nats_server.url, tmp_path, lock_wait_s=30.0) as r:
+        d = decision("gpu-node-1", "gpu-lost", gpu=0)
+        first = await r.executor.execute(d)
+        locks, _, _ = await r.executor._kv()
+        other = await locks.try_take("gpu-node-1", "another-replica|inc-other|1", "inc-other")
+        assert not isinstance(other, str)  # another incident's run now holds the node
+        before = await r.whats("gpu-node-1", d.incident_id)
+        again = await asyncio.wait_for(r.executor.execute(d), 5)  # not the 30 s lock wait
+        assert again.outcome == first.outcome and again.done() == first.done()
+        assert await r.whats("gpu-node-1", d.incident_id) == before  # nothing new: no lock verdict, no decision
