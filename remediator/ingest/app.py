@@ -236,8 +236,8 @@ class _Ingest:
         receive = request.receive
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.body_timeout_s
-        # One deadline for the whole body: asyncio.timeout arms one timer handle where wait_for would start a
-        # task per receive (a quarter of the request's own work on a one-chunk webhook body).
+        # One deadline for the whole body: asyncio.timeout arms one timer handle where wait_for started a task
+        # per receive (6.5 % of the ingest server's samples under `bench ingest`, in one py-spy profile).
         try:
             async with asyncio.timeout_at(deadline):
                 while True:
