@@ -28,6 +28,19 @@ from .test_executor_operator import invoke, with_approval
 pytestmark = pytest.mark.timeout(60)
 
 
+def counted_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The keys of every KV document read from now on, in order."""
+    reads: list[str] = []
+    real_get = Documents.get
+
+    async def get(self: Documents[Any], key: str, *, fresh: bool = False) -> Any:
+        reads.append(key)
+        return await real_get(self, key, fresh=fresh)
+
+    monkeypatch.setattr(Documents, "get", get)
+    return reads
+
+
 async def test_a_run_writes_its_record_once_before_it_acts_and_reads_the_attempts_once(
         nats_server: EmbeddedNats, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     saves: list[tuple[bool, dict[str, str]]] = []
@@ -37,15 +50,8 @@ async def test_a_run_writes_its_record_once_before_it_acts_and_reads_the_attempt
         saves.append((self.run.guards_passed, {k: r.status for k, r in self.run.records.items()}))
         await real_save(self)
 
-    reads: list[str] = []
-    real_get = Documents.get
-
-    async def get(self: Documents[Any], key: str, *, fresh: bool = False) -> Any:
-        reads.append(key)
-        return await real_get(self, key, fresh=fresh)
-
     monkeypatch.setattr(StoredRun, "save", save)
-    monkeypatch.setattr(Documents, "get", get)
+    reads = counted_reads(monkeypatch)
     async with rig(nats_server.url, tmp_path, guards_enabled="opt_out,dry_run,cooldown,lock,budget,breaker") as r:
         d = decision("gpu-node-1", "gpu-lost", gpu=2)
         result = await r.executor.execute(d)
@@ -95,14 +101,7 @@ def approve_cmd() -> object:
 
 async def test_a_free_node_is_locked_first_and_the_run_record_read_once(
         nats_server: EmbeddedNats, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    reads: list[str] = []
-    real_get = Documents.get
-
-    async def get(self: Documents[Any], key: str, *, fresh: bool = False) -> Any:
-        reads.append(key)
-        return await real_get(self, key, fresh=fresh)
-
-    monkeypatch.setattr(Documents, "get", get)
+    reads = counted_reads(monkeypatch)
     async with rig(nats_server.url, tmp_path) as r:
         d = decision("gpu-node-0", "gpu-lost", gpu=1)
         assert (await r.executor.execute(d)).outcome == "escalated"
