@@ -191,8 +191,6 @@ class Executor:
             run, _rev = await runs.get(d.incident_id)
             if run is not None and run.finished:
                 return run.result()
-            if d.playbook not in self.playbooks:
-                raise PermanentError(f"no playbook named {d.playbook!r}")
             lease = await self._take_lock(d, me, audit, heartbeat)
         every = max(1.0, min(self.settings.lock_ttl_s / 3.0, 10.0))
         keeper = asyncio.create_task(locks.keep(lease, every, heartbeat))

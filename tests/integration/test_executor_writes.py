@@ -120,3 +120,17 @@ async def test_a_finished_runs_redelivery_does_not_wait_for_another_runs_lock(
         again = await asyncio.wait_for(r.executor.execute(d), 5)  # not the 30 s lock wait
         assert again.outcome == first.outcome and again.done() == first.done()
         assert await r.whats("gpu-node-1", d.incident_id) == before  # nothing new: no lock verdict, no decision
+
+
+async def test_a_decision_naming_no_known_playbook_is_permanent_and_leaves_the_node_free(
+        nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    from remediator.errors import PermanentError
+
+    async with rig(nats_server.url, tmp_path) as r:
+        d = decision("gpu-node-2", "no-such-playbook", gpu=0)
+        with pytest.raises(PermanentError, match="no playbook named 'no-such-playbook'"):
+            await r.executor.execute(d)
+        locks, _, _ = await r.executor._kv()
+        lease = await locks.try_take("gpu-node-2", "probe|inc-probe|1", "inc-probe")
+        assert not isinstance(lease, str)  # the lock taken for the check was released
+        assert await r.whats("gpu-node-2", d.incident_id) == []  # nothing judged, nothing recorded
