@@ -214,7 +214,14 @@ class CommandResponder:
     # --- transport -----------------------------------------------------------------------------------
 
     async def subscribe(self, nc: NATS) -> Subscription:
-        return await nc.subscribe(agent_cmd_subject(self.node), cb=self.on_message)
+        """Subscribe to this node's command subject, and return once the server has the subscription.
+
+        The flush is the round trip that makes "the agent is up" true for a sender on another connection:
+        without it the SUB can still sit in this client's buffer while a request finds no responder.
+        """
+        sub = await nc.subscribe(agent_cmd_subject(self.node), cb=self.on_message)
+        await nc.flush()
+        return sub
 
     async def on_message(self, msg: Msg) -> None:
         """Verify, then act: see the module docstring's trust paragraph."""
