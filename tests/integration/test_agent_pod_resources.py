@@ -107,17 +107,19 @@ async def test_status_reports_the_holders_read_over_grpc(nats_server: EmbeddedNa
 
 async def test_an_agent_without_a_socket_says_holders_are_unknown(nats_server: EmbeddedNats, tmp_path: Path) -> None:
     nc, _ = await provisioned(nats_server.url)
-    # a fleet never joined to a cluster: its sockets are never served
-    async with SimFleet(tmp_path / "fleet", [NODE], nats_url=nats_server.url, gpus=2,
-                        agent_options={"trust_keys": TRUST}) as fleet:
-        await fleet.agents[NODE].link.up.wait()
-        reply = await command(nc, NODE, AgentCommand(id="s1", verb="status"))
-        assert reply.ok and reply.after["holders_known"] is False
-        assert all(g["holders"] is None for g in reply.after["gpus"])
-        assert "which pods hold the GPU is unknown" in reply.detail
-        iso = await command(nc, NODE, AgentCommand(id="i1", verb="isolate_gpu", gpu=GpuRef(index=1)))
-        assert iso.ok and iso.after["holders_known"] is False and iso.after["holders"] == []
-    await nc.close()
+    try:
+        # a fleet never joined to a cluster: its sockets are never served
+        async with SimFleet(tmp_path / "fleet", [NODE], nats_url=nats_server.url, gpus=2,
+                            agent_options={"trust_keys": TRUST}) as fleet:
+            await fleet.agents[NODE].link.up.wait()
+            reply = await command(nc, NODE, AgentCommand(id="s1", verb="status"))
+            assert reply.ok and reply.after["holders_known"] is False
+            assert all(g["holders"] is None for g in reply.after["gpus"])
+            assert "which pods hold the GPU is unknown" in reply.detail
+            iso = await command(nc, NODE, AgentCommand(id="i1", verb="isolate_gpu", gpu=GpuRef(index=1)))
+            assert iso.ok and iso.after["holders_known"] is False and iso.after["holders"] == []
+    finally:  # a failure here must not leave a client for a later test's collector to find
+        await nc.close()
 
 
 def _provision(url: str) -> None:
