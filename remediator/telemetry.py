@@ -15,15 +15,24 @@ nothing happens at import) and says where finished spans go: an OTLP/HTTP collec
 setting, batched by a ``BatchSpanProcessor``; unset: no export) and, for tests, any ``SpanExporter`` such as
 the SDK's ``InMemorySpanExporter``. Without ``setup`` spans are non-recording but still carry the trace
 they continue, which is all the audit trail needs.
+
+``http_app`` makes every FastAPI app of the service. FastAPI (0.142 and later) instruments an app by itself
+once a tracer provider is installed: a server span per request, spans around its dependencies, endpoint
+and serialization, HTTP metrics and logs. The trace of a request is this module's (ingest continues the
+request's ``traceparent`` or starts one), so that instrumentation is off: it would start a second trace,
+unlinked to the audit trail, for every request that came without a ``traceparent``, and it cost the
+ingest endpoint a measured share of its throughput (ARCHITECTURE.md, "The ingest's share of the floor").
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from opentelemetry import context as otel_context
@@ -35,10 +44,13 @@ from opentelemetry.trace import Span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
 log = logging.getLogger(__name__)
 
-__all__ = ["TRACEPARENT", "flush", "new_traceparent", "otlp_traces_url", "setup", "shutdown", "span", "trace_id_of",
-           "traceparent_of", "tracer"]
+__all__ = ["NATIVE_HTTP_TELEMETRY_OFF", "TRACEPARENT", "flush", "http_app", "new_traceparent", "otlp_traces_url",
+           "setup", "shutdown", "span", "trace_id_of", "traceparent_of", "tracer"]
 
 TRACEPARENT = "traceparent"
 _propagator = TraceContextTextMapPropagator()
@@ -79,6 +91,22 @@ class _Destinations(SpanProcessor):
 _provider: TracerProvider | None = None
 _destinations = _Destinations()
 _setup_lock = threading.Lock()
+
+
+# FastAPI's own telemetry settings (``FastAPI(telemetry=...)``): every part of it off.
+NATIVE_HTTP_TELEMETRY_OFF: dict[str, bool] = {"tracing": False, "metrics": False, "logs": False,
+                                              "operation_spans": False}
+
+
+def http_app(**options: Any) -> FastAPI:
+    """``FastAPI(**options)`` with FastAPI's own instrumentation off (see the module docstring); on a FastAPI
+    older than that instrumentation there is nothing to turn off. FastAPI is imported here, not at the top:
+    the node agent uses this module and serves no HTTP."""
+    from fastapi import FastAPI
+
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters:
+        options["telemetry"] = dict(NATIVE_HTTP_TELEMETRY_OFF)
+    return FastAPI(**options)
 
 
 def new_traceparent() -> str:

@@ -60,6 +60,7 @@ from remediator import subjects
 from remediator.contracts import FaultEvent, GpuRef, utcnow
 from remediator.natsd import EmbeddedNats, free_port
 from remediator.settings import Settings
+from remediator.telemetry import http_app
 
 __all__ = ["run"]
 
@@ -119,8 +120,9 @@ def _event_body() -> bytes:
 
 
 def _floor_app(js: Any) -> FastAPI:
-    """The floor: the same FastAPI/uvicorn stack, publishing the body to JetStream and answering 200."""
-    app = FastAPI()
+    """The floor: the same FastAPI/uvicorn stack (the app made as the real one is), publishing the body to
+    JetStream and answering 200."""
+    app = http_app()
     counter = iter(range(1 << 62))
     prefix = f"floor|{os.getpid()}|"
 
@@ -143,9 +145,11 @@ def _serve_main(kind: str, nats_url: str, port: int) -> None:
     import uvloop
 
     async def main() -> None:
-        from remediator import bus
+        from remediator import bus, telemetry
         from remediator.audit import AuditLog
         from remediator.ingest.app import create_app
+
+        telemetry.setup()  # as ``serve`` does: a tracer provider installed, spans exported nowhere
 
         nc, js = await bus.connect(nats_url, name=f"bench-{kind}",
                                    credentials=bus.Credentials.from_settings(Settings()))

@@ -59,6 +59,7 @@ from remediator.audit_api.reader import (
 from remediator.audit_api.story import headline, tell
 from remediator.safety.ledger import Ledger
 from remediator.settings import Settings
+from remediator.telemetry import http_app
 
 __all__ = ["AUDIT_SCOPES", "COOKIE", "TokenCheck", "api_router", "create_audit_app", "fleet_state"]
 
@@ -272,8 +273,8 @@ def api_router(reader: AuditReader, settings: Settings, tokens: TokenCheck) -> A
 
 def create_audit_app(reader: AuditReader, settings: Settings) -> FastAPI:
     """The audit API and web view alone (``remediator audit serve``), read-only."""
-    app = FastAPI(title="gpu-remediator audit", version="1",
-                  description="Read-only audit API and web view over the AUDIT stream (DESIGN.md §5, §8).")
+    app = http_app(title="gpu-remediator audit", version="1",
+                   description="Read-only audit API and web view over the AUDIT stream (DESIGN.md §5, §8).")
     mount(app, reader, settings)
 
     @app.get("/healthz", include_in_schema=False)

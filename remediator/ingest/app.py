@@ -58,7 +58,7 @@ from remediator.contracts import AlertmanagerAlert, AlertmanagerPayload, FaultEv
 from remediator.ingest.alerts import AlertError, alert_event_id, alert_to_event
 from remediator.ingest.auth import ApiTokens, Scope, TokenRefused
 from remediator.settings import Settings
-from remediator.telemetry import new_traceparent
+from remediator.telemetry import http_app, new_traceparent
 
 log = logging.getLogger(__name__)
 
@@ -440,8 +440,8 @@ def create_app(*, settings: Settings, nc: NATS, js: JetStreamContext, audit: Aud
     The app needs no lifespan: the caller owns the connection.
     """
     ingest = _Ingest(settings, nc, js, audit, on_event, publish_timeout, retry_after_s)
-    app = FastAPI(title="gpu-remediator ingest", version="1",
-                  description="Alertmanager webhook and generic fault events onto NATS JetStream.")
+    app = http_app(title="gpu-remediator ingest", version="1",
+                   description="Alertmanager webhook and generic fault events onto NATS JetStream.")
     app.state.ingest = ingest
     app.state.metrics = ingest.metrics
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -12,9 +13,13 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from fastapi import FastAPI
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from remediator import bus, subjects
+from remediator import bus, subjects, telemetry
 from remediator.audit import AuditLog, iter_records
+from remediator.audit_api.reader import AuditReader
+from remediator.audit_api.routes import create_audit_app
 from remediator.contracts import AuditRecord, FaultEvent
 from remediator.ingest.app import create_app
 from remediator.natsd import EmbeddedNats, free_port
@@ -163,6 +168,34 @@ async def test_webhook_answers_200_only_once_the_event_is_on_faults(make_ingest:
     assert ev.labels["instance"] == "10.0.3.7:9400"  # kept as a label, never used as the node
     assert ev.message.startswith("Xid 79 on GPU 0")
     assert ing.seen == [ev]
+
+
+async def test_a_request_opens_no_trace_of_fastapis_own(make_ingest: MakeIngest) -> None:
+    """With a tracer provider installed (as ``serve`` installs one), FastAPI's own instrumentation would record
+    a server span per request and spans around its internals; the request's trace is ingest's (the
+    ``traceparent`` it forwards), so none are recorded, on the ingest app and the audit app alike."""
+    exporter = InMemorySpanExporter()
+    telemetry.setup(span_exporter=exporter)
+    try:
+        # what the exporter would see of FastAPI's own: a bare app records spans for one request
+        plain = FastAPI()
+        plain.add_api_route("/ping", lambda: {"ok": True})
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=plain), base_url="http://plain") as c:
+            assert (await c.get("/ping")).status_code == 200
+        native = "telemetry" in inspect.signature(FastAPI.__init__).parameters
+        assert bool(exporter.get_finished_spans()) == native
+        exporter.clear()
+
+        ing = await make_ingest(api_tokens=TOKEN)
+        r = await ing.post("/v1/alertmanager", payload(gpu_alert()))
+        assert r.status_code == 200, r.text
+        assert (await ing.client.get("/healthz")).status_code == 200
+        audit_app = create_audit_app(AuditReader(ing.js, refresh_s=0.0), Settings(api_tokens=""))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=audit_app), base_url="http://audit") as c:
+            assert (await c.get("/healthz")).status_code == 200
+        assert [s.name for s in exporter.get_finished_spans()] == []
+    finally:
+        telemetry.shutdown()
 
 
 async def test_the_same_alert_three_times_is_one_event(make_ingest: MakeIngest) -> None:
