@@ -195,17 +195,18 @@ async def _pipeline(nodes: int, overrides: dict[str, Any], *, label: str,
     when a request cordons a node, whose time lands in ``cordoned_at``. ``sim_info`` is filled on exit."""
     import handlers
     from playbooks.catalog import PlaybookCatalog
-    from remediator import bus
+    from remediator import bus, telemetry
     from remediator.adapters.agent import AgentClient
     from remediator.adapters.kube import AsyncKube, KubeAdapter
-    from remediator.audit import AuditLog
     from remediator.contracts import Change
     from remediator.dispatch import Dispatcher
     from remediator.executor import Executor
+    from remediator.metrics import ServiceMetrics
     from remediator.natsd import EmbeddedNats
     from remediator.owners import OwnerResolver
-    from remediator.service import configured_registry
+    from remediator.service import configured_registry, replica_audit
     from remediator.settings import Settings
+    from remediator.signing import Signer, generate_seed
 
     assert handlers
     cordoned_at: dict[str, float] = {}
@@ -253,7 +254,10 @@ async def _pipeline(nodes: int, overrides: dict[str, Any], *, label: str,
             # One connection as the service identity and one audit log for the dispatcher and the executor (and
             # the webhook's ingest), as a ``serve`` replica has them: they share the chains' heads.
             nc_x, js_x = await bus.connect(server.url, name="storm-service", credentials=who("service"))
-            audit = AuditLog(js_x, label)
+            # serve's audit log (signed, checkpointed, counted for /metrics) and its tracer provider
+            telemetry.setup()
+            signer = Signer(generate_seed())
+            audit = replica_audit(js_x, settings, label, signer, observers=[ServiceMetrics().observe])
             nc_p, js_p = await bus.connect(server.url, name="storm-publisher",
                                            credentials=_fleet_of_agents(server, Path(tmp)))
             adapter = TimedKube.from_settings(settings, poll_interval_s=0.2)
@@ -263,7 +267,8 @@ async def _pipeline(nodes: int, overrides: dict[str, Any], *, label: str,
                                                  registry=configured_registry(settings),
                                                  origins=OwnerResolver(kube))  # as serve has it
             executor = Executor(nc_x, js_x, settings, kube, audit, PlaybookCatalog.load(),
-                                AgentClient(nc_x), keep_results=nodes)  # every run's result: one per node at most
+                                AgentClient(nc_x, signer=signer),
+                                keep_results=nodes)  # every run's result: one per node at most
             # What serve does once started and its node cache synced: that heap out of the collector's way.
             gc.collect()
             gc.freeze()
