@@ -184,6 +184,7 @@ class _Pipeline:
     sim_info: dict[str, Any] = field(default_factory=dict)
     nc_x: Any = None  # the service connection (the dispatcher's, the executor's, the webhook ingest's)
     audit: Any = None  # the audit log they share
+    audit_records: dict[str, int] = field(default_factory=dict)  # records it wrote: written, signed
 
 
 @contextlib.asynccontextmanager
@@ -257,7 +258,13 @@ async def _pipeline(nodes: int, overrides: dict[str, Any], *, label: str,
             # serve's audit log (signed, checkpointed, counted for /metrics) and its tracer provider
             telemetry.setup()
             signer = Signer(generate_seed())
-            audit = replica_audit(js_x, settings, label, signer, observers=[ServiceMetrics().observe])
+            records = {"written": 0, "signed": 0}  # what the pipeline wrote to the trail: all signed, as serve's
+
+            def tally(r: Any) -> None:
+                records["written"] += 1
+                records["signed"] += r.sig is not None
+
+            audit = replica_audit(js_x, settings, label, signer, observers=[ServiceMetrics().observe, tally])
             nc_p, js_p = await bus.connect(server.url, name="storm-publisher",
                                            credentials=_fleet_of_agents(server, Path(tmp)))
             adapter = TimedKube.from_settings(settings, poll_interval_s=0.2)
@@ -275,7 +282,7 @@ async def _pipeline(nodes: int, overrides: dict[str, Any], *, label: str,
             stop = asyncio.Event()
             tasks = [asyncio.create_task(dispatcher.run(stop)), asyncio.create_task(executor.run(stop))]
             pipe = _Pipeline(server, settings, adapter, kube, executor, js_x, js_p, Path(tmp), cordoned_at, sim_info,
-                             nc_x=nc_x, audit=audit)
+                             nc_x=nc_x, audit=audit, audit_records=records)
             try:
                 yield pipe
             finally:
@@ -389,6 +396,7 @@ async def _one_run(nodes: int, failing: int, *, breaker: bool, progress: Progres
                                      if nats_cpu0 is not None and nats_cpu1 is not None else None),
         "api_requests_per_incident": round(total_requests / failing, 2),
         "api_requests_by_lane": requests,
+        "audit_records": dict(pipe.audit_records),
         "rss_mb": rss,
         "gc_pauses": {"service": pauses.summary(), "simulator": sim_info.get("gc_pauses")},
         "sim_seed_s": sim_info.get("seed_s"),

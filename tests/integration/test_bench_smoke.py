@@ -43,6 +43,9 @@ def test_bench_storm_prints_its_keys() -> None:
     for part in pauses.values():
         assert set(part) == {"passes", "full", "total_ms", "max_ms"}, part
     assert doc["cordoned"] == 4 and doc["finished"] == 4 and doc["unfinished"] == []
+    # the pipeline writes its audit as serve does (service.replica_audit): every record signed
+    records = doc["audit_records"]
+    assert isinstance(records, dict) and records["written"] >= 4 * 8 and records["signed"] == records["written"]
 
 
 def test_bench_webhook_cordons_every_alerted_node_one_at_a_time() -> None:
