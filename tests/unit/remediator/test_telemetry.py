@@ -113,3 +113,17 @@ def test_importing_the_module_installs_nothing() -> None:
             "print(type(trace.get_tracer_provider()).__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "ProxyTracerProvider"
+
+
+def test_the_tracer_is_made_once_and_records_once_a_provider_is_installed() -> None:
+    """``tracer()`` is cached; one taken before ``setup`` (the proxy) still records after it."""
+    code = ("from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter\n"
+            "from remediator import telemetry\n"
+            "early = telemetry.tracer()\n"
+            "mem = InMemorySpanExporter()\n"
+            "telemetry.setup(span_exporter=mem)\n"
+            "with telemetry.span('after-setup'):\n"
+            "    pass\n"
+            "print(telemetry.tracer() is early, [s.name for s in mem.get_finished_spans()])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "True ['after-setup']"
