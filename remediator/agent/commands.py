@@ -70,6 +70,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -217,10 +218,16 @@ class CommandResponder:
         """Subscribe to this node's command subject, and return once the server has the subscription.
 
         The flush is the round trip that makes "the agent is up" true for a sender on another connection:
-        without it the SUB can still sit in this client's buffer while a request finds no responder.
+        without it the SUB can still sit in this client's buffer while a request finds no responder. A flush
+        that fails (the connection dropped meanwhile) leaves the subscription to the client, which sends it
+        again on reconnecting; it is logged, never raised into the bus link.
         """
         sub = await nc.subscribe(agent_cmd_subject(self.node), cb=self.on_message)
-        await nc.flush()
+        try:
+            await nc.flush(timeout=5)
+        except (nats.errors.Error, OSError) as e:
+            log.warning("the server has not confirmed the command subscription yet (%s); it is sent again on "
+                        "reconnect", type(e).__name__)
         return sub
 
     async def on_message(self, msg: Msg) -> None:
