@@ -54,6 +54,7 @@ from remediator.contracts import (
     utcnow,
 )
 from remediator.errors import Conflict, TemporaryError
+from remediator.settings import Settings
 from remediator.signing import Signer, TrustSet, canonical, signed_fields, verify
 from remediator.subjects import (
     AUDIT_CHECKPOINT_STREAM,
@@ -109,6 +110,17 @@ class AuditLog:
         self._timers: dict[str, asyncio.Task[None]] = {}
         self.checkpoints_written = 0
         self._checkpoint_warned = False
+
+    @classmethod
+    def for_replica(cls, js: JetStreamContext, settings: Settings, actor: str, signer: Signer, *,
+                    clock: Callable[[], datetime] = utcnow,
+                    observers: Iterable[Callable[[AuditRecord], None]] = ()) -> AuditLog:
+        """The log a service replica writes with: every record signed by ``signer``, each chain checkpointed as
+        ``settings`` say. ``serve`` makes its log here and so do the benchmarks, so the cost they measure per
+        event and per incident is a replica's."""
+        return cls(js, actor, clock=clock, observers=observers, signer=signer,
+                   checkpoint_every=settings.audit_checkpoint_records,
+                   checkpoint_interval_s=settings.audit_checkpoint_interval_s)
 
     async def _last_msg(self, subject: str) -> Any:
         """The chain's last message; a read, so a timeout (AUDIT without a leader: nobody answers the

@@ -23,7 +23,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -43,7 +43,7 @@ from remediator.adapters.kube import AsyncKube
 from remediator.audit import AuditLog
 from remediator.audit_api import routes as audit_api
 from remediator.audit_api.reader import AuditReader
-from remediator.contracts import AuditRecord, utcnow
+from remediator.contracts import utcnow
 from remediator.dispatch import Dispatcher
 from remediator.errors import RemediatorError, SetupError
 from remediator.executor import Executor
@@ -57,7 +57,7 @@ from remediator.readiness import Readiness
 from remediator.reconciler import Reconciler
 from remediator.rules_watch import watch_rules
 from remediator.settings import Settings
-from remediator.signing import Signer, service_signer
+from remediator.signing import service_signer
 from remediator.subjects import FAULTS_STREAM, STATE_BUCKET
 
 log = logging.getLogger(__name__)
@@ -74,17 +74,6 @@ class _EmbeddedServer(uvicorn.Server):
 def configured_registry(settings: Settings) -> HandlerRegistry:
     """The handler registry ``settings`` ask for: every family bound to the policy of its thresholds."""
     return build_registry(HandlerPolicies.from_settings(settings.handlers_view()))
-
-
-def replica_audit(js: JetStreamContext, settings: Settings, actor: str, signer: Signer, *,
-                  clock: Callable[[], datetime] = utcnow,
-                  observers: Iterable[Callable[[AuditRecord], None]] = ()) -> AuditLog:
-    """The audit log a replica writes with: every record signed by ``signer``, each chain checkpointed as
-    ``settings`` say. ``serve`` makes its log here and so do the benchmarks, so the cost they measure per
-    event and per incident is a replica's."""
-    return AuditLog(js, actor, clock=clock, observers=observers, signer=signer,
-                    checkpoint_every=settings.audit_checkpoint_records,
-                    checkpoint_interval_s=settings.audit_checkpoint_interval_s)
 
 
 async def _detect_gpu_allocation(kube: AsyncKube) -> None:
@@ -187,7 +176,8 @@ class Service:
         if not (s.signing_seed_file or s.data_dir or self.nats is not None):
             log.warning("no signing_seed_file: audit records and agent commands are signed by a key of this "
                         "process only (%s), which no agent or verifier trusts after a restart", signer.public_key)
-        self.audit = replica_audit(self.js, s, actor, signer, clock=self.clock, observers=[self.metrics.observe])
+        self.audit = AuditLog.for_replica(self.js, s, actor, signer, clock=self.clock,
+                                         observers=[self.metrics.observe])
         self.kube = _kube_port(s)
         self.metrics.watch_limiter(self.kube.sync.limiter)  # /metrics: the client rate limit's queue per lane
         # Nodes from a list-then-watch in memory; reads go to the API server until its first list is in.

@@ -85,9 +85,10 @@ def _replica(url: str, creds: str, index: int, ready: Any, go: Any, stop: Any,
 async def _replica_main(url: str, creds: str, index: int, ready: Any, go: Any, stop: Any, report: Any) -> None:
     import handlers
     from remediator import bus, telemetry
+    from remediator.audit import AuditLog
     from remediator.dispatch import Dispatcher
     from remediator.metrics import ServiceMetrics
-    from remediator.service import configured_registry, replica_audit
+    from remediator.service import configured_registry
     from remediator.settings import Settings
     from remediator.signing import Signer, generate_seed
 
@@ -95,8 +96,8 @@ async def _replica_main(url: str, creds: str, index: int, ready: Any, go: Any, s
     settings = Settings(nats_url=url, replica_id=f"bench-dispatch-{index}")
     nc, js = await bus.connect(url, name=f"bench-dispatch-{index}", credentials=bus.Credentials(creds_file=creds))
     telemetry.setup()  # serve's tracer provider and audit log (signed, checkpointed, counted for /metrics)
-    audit = replica_audit(js, settings, f"bench-dispatch-{index}", Signer(generate_seed()),
-                          observers=[ServiceMetrics().observe])
+    audit = AuditLog.for_replica(js, settings, f"bench-dispatch-{index}", Signer(generate_seed()),
+                                 observers=[ServiceMetrics().observe])
     dispatcher = await Dispatcher.create(nc, js, settings, audit, registry=configured_registry(settings))
     ready.set()
     await asyncio.to_thread(go.wait)

@@ -24,7 +24,7 @@ Phases, all against the same NATS:
   configuration that publishes the request body to ``BENCH`` with a ``Nats-Msg-Id`` and answers after the
   ack: the cost of the stack itself.
 * ``ingest_alerts_per_s`` — the real app from ``create_app`` with a bearer token configured, the tracer
-  provider installed and an audit log made as ``serve`` makes its own (``service.replica_audit``: signed,
+  provider installed and an audit log made as ``serve`` makes its own (``AuditLog.for_replica``: signed,
   checkpointed); its events land on FAULTS, and ``ingest_persisted`` (events added to FAULTS) must equal
   ``ingest_acked`` (200 answers the generator got).
 * ``paced`` — 1,000 alerts/s for 10 s, open loop (each request is due at its scheduled time and its
@@ -147,9 +147,9 @@ def _serve_main(kind: str, nats_url: str, port: int) -> None:
 
     async def main() -> None:
         from remediator import bus, telemetry
+        from remediator.audit import AuditLog
         from remediator.ingest.app import create_app
         from remediator.metrics import ServiceMetrics
-        from remediator.service import replica_audit
         from remediator.signing import Signer, generate_seed
 
         telemetry.setup()  # as ``serve`` does: a tracer provider installed, spans exported nowhere
@@ -160,8 +160,8 @@ def _serve_main(kind: str, nats_url: str, port: int) -> None:
             app = _floor_app(js)
         else:
             settings = Settings(api_tokens=TOKEN, nats_url=nats_url)
-            audit = replica_audit(js, settings, "bench-ingest", Signer(generate_seed()),
-                                  observers=[ServiceMetrics().observe])  # serve's: signed, checkpointed
+            audit = AuditLog.for_replica(js, settings, "bench-ingest", Signer(generate_seed()),
+                                         observers=[ServiceMetrics().observe])  # serve's: signed, checkpointed
             app = create_app(settings=settings, nc=nc, js=js, audit=audit)
         config = uvicorn.Config(app, host="127.0.0.1", port=port, http="httptools", loop="none",
                                 lifespan="off", access_log=False, log_level="warning", workers=1)

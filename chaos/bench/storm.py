@@ -199,13 +199,14 @@ async def _pipeline(nodes: int, overrides: dict[str, Any], *, label: str,
     from remediator import bus, telemetry
     from remediator.adapters.agent import AgentClient
     from remediator.adapters.kube import AsyncKube, KubeAdapter
+    from remediator.audit import AuditLog
     from remediator.contracts import Change
     from remediator.dispatch import Dispatcher
     from remediator.executor import Executor
     from remediator.metrics import ServiceMetrics
     from remediator.natsd import EmbeddedNats
     from remediator.owners import OwnerResolver
-    from remediator.service import configured_registry, replica_audit
+    from remediator.service import configured_registry
     from remediator.settings import Settings
     from remediator.signing import Signer, generate_seed
 
@@ -264,7 +265,8 @@ async def _pipeline(nodes: int, overrides: dict[str, Any], *, label: str,
                 records["written"] += 1
                 records["signed"] += r.sig is not None
 
-            audit = replica_audit(js_x, settings, label, signer, observers=[ServiceMetrics().observe, tally])
+            audit = AuditLog.for_replica(js_x, settings, label, signer,
+                                         observers=[ServiceMetrics().observe, tally])
             nc_p, js_p = await bus.connect(server.url, name="storm-publisher",
                                            credentials=_fleet_of_agents(server, Path(tmp)))
             adapter = TimedKube.from_settings(settings, poll_interval_s=0.2)

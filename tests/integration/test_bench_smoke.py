@@ -43,7 +43,7 @@ def test_bench_storm_prints_its_keys() -> None:
     for part in pauses.values():
         assert set(part) == {"passes", "full", "total_ms", "max_ms"}, part
     assert doc["cordoned"] == 4 and doc["finished"] == 4 and doc["unfinished"] == []
-    # the pipeline writes its audit as serve does (service.replica_audit): every record signed
+    # the pipeline writes its audit as serve does (AuditLog.for_replica): every record signed
     records = doc["audit_records"]
     assert isinstance(records, dict) and records["written"] >= 4 * 8 and records["signed"] == records["written"]
 
