@@ -2,7 +2,8 @@
 
 ``BusLink`` sets ``up`` after its on-connect callbacks; the command responder's is the subscription to
 ``agent.<node>.cmd``. A sender on another connection (the executor, a person's ``remediator agent`` call)
-that sees the agent up and sends at once must find a responder, never ``no responders``.
+that sees the agent up and sends at once must find a responder: the only ``no responders`` left is
+nats-server's own, rare and brief, which senders retry.
 """
 
 from __future__ import annotations
