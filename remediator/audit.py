@@ -71,6 +71,7 @@ log = logging.getLogger(__name__)
 
 _WRONG_LAST_SEQUENCE = (10071, 10164)
 _EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+FLUSH_CONCURRENCY = 64  # checkpoints in flight at once when ``AuditLog.flush`` anchors every head
 
 
 class AuditAppendError(Conflict):
@@ -280,14 +281,26 @@ class AuditLog:
                 timer.cancel()
         self.checkpoints_written += 1
 
-    async def flush(self) -> None:
-        """Anchor every chain head written since its last checkpoint (the service calls it at stop)."""
+    @property
+    def unanchored_chains(self) -> int:
+        """How many chains have records written since their last checkpoint (``flush`` would anchor them)."""
+        return len(self._unanchored)
+
+    async def flush(self, concurrency: int = FLUSH_CONCURRENCY) -> None:
+        """Anchor every chain head written since its last checkpoint (the service calls it at stop, within
+        its shutdown bound), ``concurrency`` chains at a time: checkpoints of different chains are
+        independent publishes, and a replica that wrote to thousands of chains within one checkpoint
+        interval has thousands to write (ARCHITECTURE.md, "Checkpoints at fleet scale")."""
         for timer in list(self._timers.values()):
             timer.cancel()
         self._timers.clear()
-        for subject in list(self._unanchored):
-            async with self._locks.setdefault(subject, asyncio.Lock()):
+        gate = asyncio.Semaphore(concurrency)
+
+        async def anchor(subject: str) -> None:
+            async with gate, self._locks.setdefault(subject, asyncio.Lock()):
                 await self._checkpoint(subject)
+
+        await asyncio.gather(*(anchor(subject) for subject in list(self._unanchored)))
 
     def bind(self, context: AuditContext) -> IncidentAudit:
         """An appender whose every record carries ``context`` (incident, node, GPU, event, job, fingerprint,

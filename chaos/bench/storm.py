@@ -24,7 +24,10 @@ the adapter sent, watches included, per incident), ``api_requests_by_lane``, ``r
 ``load_average``, ``unfinished`` (nodes whose run did not finish within ``wait_s``), ``outcomes``, ``failed_steps``
 (steps that failed, by step id: a drain a PodDisruptionBudget held past its timeout shows here), ``gc_pauses``
 (``service`` over the run and ``simulator`` over its serving: the cyclic collector's ``passes``, ``full``
-passes, ``total_ms`` and ``max_ms``; both processes freeze their start-up heap first, as ``serve`` does).
+passes, ``total_ms`` and ``max_ms``; both processes freeze their start-up heap first, as ``serve`` does),
+``audit_records`` (``written``, ``signed``: every one, as a replica signs; ``checkpoints`` written, the
+stop's included), ``audit_flush`` (what ``serve`` does as it stops, after the runs: the ``chains`` written
+since their last checkpoint and the ``s`` it took to anchor them).
 
 ``with_breaker`` (unless ``breaker_run`` is off): the default guards, ``cordoned, breaker_tripped,
 threshold``. The breaker must stop the storm after ``threshold`` quarantines; the rest are blocked
@@ -82,7 +85,8 @@ class GcPauses:
         return self
 
     def stop(self) -> None:
-        gc.callbacks.remove(self._observe)
+        if self._observe in gc.callbacks:
+            gc.callbacks.remove(self._observe)
 
     def __enter__(self) -> GcPauses:
         return self.start()
@@ -290,6 +294,8 @@ async def _pipeline(nodes: int, overrides: dict[str, Any], *, label: str,
             finally:
                 stop.set()
                 await asyncio.gather(*tasks, return_exceptions=True)
+                with contextlib.suppress(Exception):  # as serve stops: the heads anchored, their timers gone
+                    await asyncio.wait_for(audit.flush(), 60)
                 for nc in (nc_x, nc_p):
                     with contextlib.suppress(Exception):
                         await nc.drain()
@@ -355,6 +361,10 @@ async def _one_run(nodes: int, failing: int, *, breaker: bool, progress: Progres
         nats_cpu1 = _cpu_s(server.proc.pid) if server.proc else None
         requests = {lane: n - requests0.get(lane, 0) for lane, n in adapter.limiter.taken().items()}
         say(f"{label}: {len(cordoned_at)} cordoned, {len(executor.results)} runs finished")
+        # what serve does as it stops (Service._flush_audit): every chain head since its checkpoint anchored
+        flush_chains, flush_t0 = pipe.audit.unanchored_chains, time.monotonic()
+        await pipe.audit.flush()
+        audit_flush = {"chains": flush_chains, "s": round(time.monotonic() - flush_t0, 3)}
         outcomes: dict[str, int] = {}
         failed_steps: dict[str, int] = {}
         for r in executor.results:
@@ -398,7 +408,8 @@ async def _one_run(nodes: int, failing: int, *, breaker: bool, progress: Progres
                                      if nats_cpu0 is not None and nats_cpu1 is not None else None),
         "api_requests_per_incident": round(total_requests / failing, 2),
         "api_requests_by_lane": requests,
-        "audit_records": dict(pipe.audit_records),
+        "audit_records": {**pipe.audit_records, "checkpoints": pipe.audit.checkpoints_written},
+        "audit_flush": audit_flush,
         "rss_mb": rss,
         "gc_pauses": {"service": pauses.summary(), "simulator": sim_info.get("gc_pauses")},
         "sim_seed_s": sim_info.get("seed_s"),
@@ -439,6 +450,35 @@ async def _post(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, port
     return int(head.split(b" ", 2)[1])
 
 
+HOPS = ("post_to_dispatch", "dispatch_to_run", "run_to_quarantine", "quarantine")
+
+
+def webhook_hops(posted_ns: dict[str, int], cordoned_ns: dict[str, int], spans: Any) -> dict[str, list[float]]:
+    """Each alert's latency cut at the spans on its path, in ms, one list per hop of ``HOPS`` (an alert whose
+    trace lacks a span is left out): the POST written to the ``dispatch`` span's start (ingest, its JetStream
+    publish, FAULTS' delivery); to the ``executor.run`` span's start (the history, the owner, the decision
+    stored and published, REMEDIATIONS' delivery); to the first step span's start (lock, guard verdicts, the
+    run record, ``step_started``); to the return of the quarantine PATCH. The four add up to the alert's
+    cordon latency. ``spans``: finished OpenTelemetry spans (``start_time`` in ns of wall time, as
+    ``time.time_ns``); the times in ``posted_ns``/``cordoned_ns`` are on the same clock."""
+    by_trace: dict[int, list[Any]] = {}
+    for s in spans:
+        by_trace.setdefault(s.context.trace_id, []).append(s)
+    hops: dict[str, list[float]] = {h: [] for h in HOPS}
+    for trace in by_trace.values():
+        named = {s.name: s for s in sorted(trace, key=lambda s: -s.start_time)}  # the earliest of each name
+        run, dispatch = named.get("executor.run"), named.get("dispatch")
+        steps = [s for s in trace if s.name.startswith("step ")]
+        node = run.attributes.get("remediator.node") if run is not None and run.attributes else None
+        if dispatch is None or run is None or not steps or node not in posted_ns or node not in cordoned_ns:
+            continue
+        first_step = min(s.start_time for s in steps)
+        cut = (posted_ns[node], dispatch.start_time, run.start_time, first_step, cordoned_ns[node])
+        for hop, a, b in zip(HOPS, cut, cut[1:], strict=False):
+            hops[hop].append((b - a) / 1e6)
+    return hops
+
+
 async def webhook(nodes: int = 1500, alerts: int = 100, progress: Progress = None) -> dict[str, Any]:
     """Alertmanager POST to cordon, one alert at a time, through what ``serve`` runs.
 
@@ -450,9 +490,14 @@ async def webhook(nodes: int = 1500, alerts: int = 100, progress: Progress = Non
     for tokens remained. A latency is from just before the POST is
     written to the return of the request that cordoned its node (``*_cordon_ms``); ``*_answer_ms`` is the
     webhook's own answer (after JetStream's ack). Shipped client limit and guards but breaker and budget.
+    ``hops_ms``: each latency cut at the spans the replica records (``webhook_hops``), per hop its ``p50``,
+    ``p99`` and ``max`` over the ``alerts`` it could cut; ``gc_pauses``: the collector's passes meanwhile
+    (``GcPauses``). Together they say where a slow alert lost its time.
     """
     import uvicorn
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+    from remediator import telemetry
     from remediator.ingest.app import create_app
     from remediator.natsd import free_port
     from remediator.service import _EmbeddedServer
@@ -464,10 +509,15 @@ async def webhook(nodes: int = 1500, alerts: int = 100, progress: Progress = Non
     cordoned: dict[str, asyncio.Event] = {}
     service: list[Any] = []  # the service connection, once the pipeline holds one
     sent_at_cordon: dict[str, int] = {}
+    posted_ns: dict[str, int] = {}  # wall clock, as the spans' (``webhook_hops``)
+    cordoned_ns: dict[str, int] = {}
+    spans = InMemorySpanExporter()
+    pauses = GcPauses()  # the collector's passes while the alerts ran
 
     def on_cordon(node: str) -> None:
         event = cordoned.get(node)
         if event is not None:
+            cordoned_ns.setdefault(node, time.time_ns())
             if service:  # what the replica had sent when the cordon returned (read from the adapter thread)
                 sent_at_cordon[node] = int(service[0].stats["out_msgs"])
             loop.call_soon_threadsafe(event.set)
@@ -479,6 +529,7 @@ async def webhook(nodes: int = 1500, alerts: int = 100, progress: Progress = Non
     statuses: dict[int, int] = {}
     async with _pipeline(nodes, overrides, label="webhook", on_cordon=on_cordon) as pipe:
         service.append(pipe.nc_x)
+        telemetry.setup(span_exporter=spans)  # the spans the replica records, kept to cut each latency at
         # the replica's own connection and audit log, as serve hands them to create_app
         app = create_app(settings=pipe.settings, nc=pipe.nc_x, js=pipe.js_x, audit=pipe.audit)
         port = free_port()
@@ -495,10 +546,12 @@ async def webhook(nodes: int = 1500, alerts: int = 100, progress: Progress = Non
             say(f"webhook: {alerts} alerts, one at a time, each for another of {nodes} nodes")
             requests0 = taken_before = pipe.adapter.limiter.taken()
             waited0 = pipe.adapter.limiter.waited()
+            pauses.start()
             for n, node in enumerate(victims):
                 cordoned[node] = asyncio.Event()
                 body = _alert_body(node, n + 1)
                 sent0 = int(pipe.nc_x.stats["out_msgs"])
+                posted_ns[node] = time.time_ns()
                 t0 = time.monotonic()
                 status = await _post(reader, writer, port, body)
                 answer_ms.append(1000 * (time.monotonic() - t0))
@@ -522,9 +575,12 @@ async def webhook(nodes: int = 1500, alerts: int = 100, progress: Progress = Non
             waited = sum(v - waited0.get(k, 0.0) for k, v in pipe.adapter.limiter.waited().items())
             writer.close()
         finally:
+            pauses.stop()
             http.should_exit = True
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(serving, 10)
+            telemetry.setup()  # the exporter's spans stay with this run
+    hops = webhook_hops(posted_ns, cordoned_ns, spans.get_finished_spans())
     return {
         "nodes": nodes,
         "alerts": alerts,
@@ -538,6 +594,10 @@ async def webhook(nodes: int = 1500, alerts: int = 100, progress: Progress = Non
         "api_requests_per_incident": round(requests / alerts, 2),
         "nats_messages_before_cordon": statistics.median(sent_before_cordon) if sent_before_cordon else None,
         "limiter_wait_ms_per_incident": round(1000 * waited / alerts, 2),
+        "hops_ms": {hop: {"alerts": len(v), "p50": round(_percentile(v, 0.50), 2),
+                          "p99": round(_percentile(v, 0.99), 2), "max": round(max(v), 2) if v else None}
+                    for hop, v in hops.items()},
+        "gc_pauses": pauses.summary(),
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
 

@@ -46,6 +46,10 @@ def test_bench_storm_prints_its_keys() -> None:
     # the pipeline writes its audit as serve does (AuditLog.for_replica): every record signed
     records = doc["audit_records"]
     assert isinstance(records, dict) and records["written"] >= 4 * 8 and records["signed"] == records["written"]
+    # and anchors each chain it wrote as serve does at stop: the 4 nodes' chains (and the cluster's, when written)
+    flush = doc["audit_flush"]
+    assert isinstance(flush, dict) and 4 <= flush["chains"] <= 5 and flush["s"] >= 0, flush
+    assert records["checkpoints"] >= flush["chains"], records
 
 
 def test_bench_webhook_cordons_every_alerted_node_one_at_a_time() -> None:
@@ -59,6 +63,12 @@ def test_bench_webhook_cordons_every_alerted_node_one_at_a_time() -> None:
     # decision and 4 verdicts, one run write, 2 step_started: 20. Each request taken out of that path
     # (ARCHITECTURE "Fewer round trips before a run acts") lowers it; one put back raises it past the bound.
     assert 10 <= doc["nats_messages_before_cordon"] <= 21, doc  # type: ignore[operator]
+    # every alert's latency cut at the replica's spans (tests/unit/chaos/test_webhook_hops.py holds the cut)
+    hops = doc["hops_ms"]
+    assert list(hops) == ["post_to_dispatch", "dispatch_to_run", "run_to_quarantine", "quarantine"], doc
+    for hop in hops.values():
+        assert hop["alerts"] == 3 and 0 <= hop["p50"] <= hop["max"] <= doc["max_cordon_ms"], doc
+    assert set(doc["gc_pauses"]) == {"passes", "full", "total_ms", "max_ms"}, doc
 
 
 def _descendants(pid: int) -> set[int]:
