@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.bench.storm import _cpu_s, _fleet_of_agents, _rss_mb
+from remediator import eventloop
 from remediator.contracts import FaultEvent, GpuRef, utcnow
 
 FATAL_SHARE = 0.03
@@ -79,7 +80,7 @@ def mixed_events(count: int, nodes: int, *, seed: int = 0) -> list[FaultEvent]:
 
 def _replica(url: str, creds: str, index: int, ready: Any, go: Any, stop: Any,
              report: Any) -> None:  # pragma: no cover - child process
-    asyncio.run(_replica_main(url, creds, index, ready, go, stop, report))
+    eventloop.run(_replica_main(url, creds, index, ready, go, stop, report))  # serve's loop
 
 
 async def _replica_main(url: str, creds: str, index: int, ready: Any, go: Any, stop: Any, report: Any) -> None:

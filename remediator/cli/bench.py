@@ -17,12 +17,14 @@ from typing import Any, TypeVar
 
 import click
 
+from remediator import eventloop
+
 T = TypeVar("T")
 
 
 def _arun(coro: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run(coro)``, where SIGTERM cancels it as Ctrl-C does: its context managers stop the
-    nats-server, the simulated cluster and the replicas it started, which would otherwise outlive a killed
+    """``eventloop.run(coro)`` (``serve``'s loop), where SIGTERM cancels it as Ctrl-C does: its context managers
+    stop the nats-server, the simulated cluster and the replicas it started, which would otherwise outlive a killed
     benchmark. A cancellation the event loop loses (asyncio's ``wait_for`` can swallow one) lets the run end
     on its own, and its context managers clean up just the same; either way it exits non-zero."""
     stopped = False
@@ -40,7 +42,7 @@ def _arun(coro: Coroutine[Any, Any, T]) -> T:
         return await coro
 
     try:
-        result = asyncio.run(main())
+        result = eventloop.run(main())  # serve's loop: what the benchmarks measure is what it runs
     except asyncio.CancelledError:
         stopped = True
     if stopped:

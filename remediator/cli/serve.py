@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from remediator import eventloop
 from remediator.cli.edges import load_settings
 from remediator.settings import Settings
 
@@ -44,12 +45,7 @@ def serve(kubeconfig: str | None, nats_url: str | None, http: str | None, dry_ru
     overrides: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
     settings = load_settings(**overrides)
     _check_tokens(settings)
-    try:
-        import uvloop
-
-        uvloop.run(_serve(settings))
-    except ImportError:  # uvloop is optional (uvicorn[standard] brings it); asyncio's loop works too
-        asyncio.run(_serve(settings))
+    eventloop.run(_serve(settings))
 
 
 def _check_tokens(settings: Settings) -> None:

@@ -1,0 +1,33 @@
+"""The event loop a long-running process of ours runs on: uvloop where it is installed (``uvicorn[standard]``,
+a dependency, brings it), else asyncio's own.
+
+Where it sits: under ``serve`` and under the benchmarks that measure what ``serve`` runs (``remediator bench
+storm``, ``webhook``, ``dispatch``: their replicas included), so both run on the same loop. The loop is a
+large share of the service's CPU (faststream's consumers, nats-py's requests and every await on them), so a
+benchmark on another loop measures another service (ARCHITECTURE.md, "The benchmarks run what `serve`
+runs"). ``NAME`` says which loop it is; the benchmarks print it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+__all__ = ["NAME", "run"]
+
+T = TypeVar("T")
+
+try:
+    import uvloop
+except ImportError:  # optional: asyncio's loop runs everything too, slower
+    uvloop = None  # type: ignore[assignment]
+
+NAME = "uvloop" if uvloop is not None else "asyncio"
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` to its end on a new loop of the kind ``NAME`` says, as ``asyncio.run`` does."""
+    if uvloop is None:
+        return asyncio.run(main)
+    return uvloop.run(main)
