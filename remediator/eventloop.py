@@ -5,7 +5,7 @@ Where it sits: under ``serve`` and under the benchmarks that measure what ``serv
 storm``, ``webhook``, ``dispatch``: their replicas included), so both run on the same loop. The loop is a
 large share of the service's CPU (faststream's consumers, nats-py's requests and every await on them), so a
 benchmark on another loop measures another service (ARCHITECTURE.md, "The benchmarks run what `serve`
-runs"). ``NAME`` says which loop it is; the benchmarks print it.
+runs"). ``NAME`` says which loop ``run`` makes; ``current`` which one runs now (the benchmarks print it).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["NAME", "run"]
+__all__ = ["NAME", "current", "run"]
 
 T = TypeVar("T")
 
@@ -31,3 +31,8 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     if uvloop is None:
         return asyncio.run(main)
     return uvloop.run(main)
+
+
+def current() -> str:
+    """The kind of the running loop, ``uvloop`` or ``asyncio`` (the package its class comes from)."""
+    return type(asyncio.get_running_loop()).__module__.split(".", 1)[0]

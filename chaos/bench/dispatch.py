@@ -15,8 +15,9 @@ clock runs from the moment they are told to go to the moment the consumer has no
 Top-level keys: ``events_per_s``, ``cpu_ms_per_event`` (CPU of the replicas' processes over the drain, per
 event), ``nats_cpu_ms_per_event`` (the server's), ``replicas``, and ``events``, ``nodes``, ``drain_s``,
 ``decisions`` (published to REMEDIATIONS), ``cpu_ms_per_event_by_replica``, ``rss_mb`` (replicas, server),
-``load_average``. On a 2-core machine two replicas and the server share two cores: compare the CPU per
-event, not only the rate. The figures are noisy on a shared machine.
+``event_loop`` (the loops the replicas ran on: ``serve``'s, ``remediator.eventloop``), ``load_average``.
+On a 2-core machine two replicas and the server share two cores: compare the CPU per event, not only the
+rate. The figures are noisy on a shared machine.
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ async def _replica_main(url: str, creds: str, index: int, ready: Any, go: Any, s
     with contextlib.suppress(Exception):
         await asyncio.wait_for(task, 15)
     report.put({"index": index, "cpu_s": cpu, "events": dispatcher.stats.events,
-                "rss_mb": _rss_mb(os.getpid(), peak=True)})
+                "rss_mb": _rss_mb(os.getpid(), peak=True), "event_loop": eventloop.current()})
     with contextlib.suppress(Exception):
         await nc.close()
 
@@ -190,5 +191,6 @@ async def run(events: int = 20_000, nodes: int = 2000, replicas: int = 1, progre
                                         for r in sorted(reports, key=lambda r: r["index"])],
         "rss_mb": {"replicas": [r["rss_mb"] for r in sorted(reports, key=lambda r: r["index"])],
                    "nats_server": nats_rss},
+        "event_loop": sorted({r["event_loop"] for r in reports}),  # the replicas', serve's: ["uvloop"]
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }

@@ -27,7 +27,8 @@ the adapter sent, watches included, per incident), ``api_requests_by_lane``, ``r
 passes, ``total_ms`` and ``max_ms``; both processes freeze their start-up heap first, as ``serve`` does),
 ``audit_records`` (``written``, ``signed``: every one, as a replica signs; ``checkpoints`` written, the
 stop's included), ``audit_flush`` (what ``serve`` does as it stops, after the runs: the ``chains`` written
-since their last checkpoint and the ``s`` it took to anchor them).
+since their last checkpoint and the ``s`` it took to anchor them), ``event_loop`` (the loop it ran on:
+``serve``'s, ``remediator.eventloop``).
 
 ``with_breaker`` (unless ``breaker_run`` is off): the default guards, ``cordoned, breaker_tripped,
 threshold``. The breaker must stop the storm after ``threshold`` quarantines; the rest are blocked
@@ -54,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from remediator import eventloop
 from remediator.contracts import FaultEvent, GpuRef, utcnow
 
 SPREAD_S = 30.0
@@ -414,6 +416,7 @@ async def _one_run(nodes: int, failing: int, *, breaker: bool, progress: Progres
         "gc_pauses": {"service": pauses.summary(), "simulator": sim_info.get("gc_pauses")},
         "sim_seed_s": sim_info.get("seed_s"),
         "sim_seed_rss_mb": sim_info.get("seed_rss_mb"),
+        "event_loop": eventloop.current(),
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "unfinished": unfinished[:20],
         "outcomes": outcomes,
@@ -492,7 +495,7 @@ async def webhook(nodes: int = 1500, alerts: int = 100, progress: Progress = Non
     webhook's own answer (after JetStream's ack). Shipped client limit and guards but breaker and budget.
     ``hops_ms``: each latency cut at the spans the replica records (``webhook_hops``), per hop its ``p50``,
     ``p99`` and ``max`` over the ``alerts`` it could cut; ``gc_pauses``: the collector's passes meanwhile
-    (``GcPauses``). Together they say where a slow alert lost its time.
+    (``GcPauses``). Together they say where a slow alert lost its time. ``event_loop``: the loop it ran on.
     """
     import uvicorn
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -598,6 +601,7 @@ async def webhook(nodes: int = 1500, alerts: int = 100, progress: Progress = Non
                           "p99": round(_percentile(v, 0.99), 2), "max": round(max(v), 2) if v else None}
                     for hop, v in hops.items()},
         "gc_pauses": pauses.summary(),
+        "event_loop": eventloop.current(),
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
 

@@ -30,6 +30,7 @@ def test_bench_dispatch_prints_its_keys() -> None:
         assert key in doc, doc
     assert doc["replicas"] == 2 and doc["events"] == 300
     assert sum(doc["handled_by_replica"]) >= 300  # type: ignore[arg-type]
+    assert doc["event_loop"] == ["uvloop"]  # serve's loop, in every replica (remediator.eventloop)
 
 
 def test_bench_storm_prints_its_keys() -> None:
@@ -43,6 +44,7 @@ def test_bench_storm_prints_its_keys() -> None:
     for part in pauses.values():
         assert set(part) == {"passes", "full", "total_ms", "max_ms"}, part
     assert doc["cordoned"] == 4 and doc["finished"] == 4 and doc["unfinished"] == []
+    assert doc["event_loop"] == "uvloop"  # serve's loop (remediator.eventloop)
     # the pipeline writes its audit as serve does (AuditLog.for_replica): every record signed
     records = doc["audit_records"]
     assert isinstance(records, dict) and records["written"] >= 4 * 8 and records["signed"] == records["written"]
@@ -69,6 +71,7 @@ def test_bench_webhook_cordons_every_alerted_node_one_at_a_time() -> None:
     for hop in hops.values():
         assert hop["alerts"] == 3 and 0 <= hop["p50"] <= hop["max"] <= doc["max_cordon_ms"], doc
     assert set(doc["gc_pauses"]) == {"passes", "full", "total_ms", "max_ms"}, doc
+    assert doc["event_loop"] == "uvloop"  # serve's loop (remediator.eventloop)
 
 
 def _descendants(pid: int) -> set[int]:
