@@ -81,11 +81,22 @@ def _dumps(doc: Mapping[str, Any]) -> bytes:
 
 class Documents(Generic[T]):
     """Documents of one kind in one bucket: ``decode`` maps the stored JSON (``None`` when absent) to a
-    value, ``encode`` maps a value back to JSON."""
+    value, ``encode`` maps a value back to JSON.
+
+    ``remember``: keep the newest value this process read or wrote of each key, and start an ``update``
+    from it instead of reading the key again, for a few hot documents a replica itself writes most (the
+    safety ledger and its handover shards, read and rewritten at every run's end: a shard of thousands of
+    handovers is tens of kB to fetch and decode each time). The compare-and-set still names its revision,
+    so a value another replica changed since costs a lost race and a fresh read, never a lost update. Values
+    are kept as ``decode`` and the update functions made them: nobody may mutate one. Only for a bounded set
+    of keys: nothing is ever dropped but on a lost race or a delete.
+    """
 
     def __init__(self, kv: KeyValue, decode: Callable[[dict[str, Any] | None], T],
-                 encode: Callable[[T], Mapping[str, Any]], *, max_attempts: int = 25) -> None:
+                 encode: Callable[[T], Mapping[str, Any]], *, max_attempts: int = 25,
+                 remember: bool = False) -> None:
         self.kv = kv
+        self._last: dict[str, Entry[T]] | None = {} if remember else None
         # the same bucket read through its stream leader (not a direct get any replica answers): fresh
         self._leader = leader_view(kv)
         self._decode = decode
@@ -101,7 +112,21 @@ class Documents(Generic[T]):
         except (KeyNotFoundError, KeyDeletedError):
             return Entry(self._decode(None), 0)
         raw = orjson.loads(entry.value) if entry.value else None
-        return Entry(self._decode(raw), int(entry.revision or 0))
+        read = Entry(self._decode(raw), int(entry.revision or 0))
+        self._keep(key, read)
+        return read
+
+    def _keep(self, key: str, entry: Entry[T]) -> None:
+        """Remember ``entry`` (``remember``), unless a newer revision of ``key`` is remembered already (a
+        follower answering late with the value before)."""
+        if self._last is not None:
+            known = self._last.get(key)
+            if known is None or entry.revision >= known.revision:
+                self._last[key] = entry
+
+    def _forget(self, key: str) -> None:
+        if self._last is not None:
+            self._last.pop(key, None)
 
     async def put(self, key: str, value: T, revision: int) -> int:
         """Write ``value`` if ``key`` is still at ``revision`` (0: create it, failing when it exists); returns
@@ -109,18 +134,24 @@ class Documents(Generic[T]):
         data = _dumps(self._encode(value))
         try:
             if revision == 0:
-                return int(await self.kv.create(key, data))
-            return int(await self.kv.update(key, data, last=revision))
+                written = int(await self.kv.create(key, data))
+            else:
+                written = int(await self.kv.update(key, data, last=revision))
         except KeyWrongLastSequenceError as e:
+            self._forget(key)
             raise LostRace(f"{key}: changed by another writer since revision {revision}") from e
         except KeyNotFoundError as e:  # create: the leader has the key, the replica nats-py asked has not yet
+            self._forget(key)
             raise LostRace(f"{key}: created by another writer (a replica had not seen it yet)") from e
         except MaxPayloadError as e:
             raise DocumentTooLarge(f"{key}: a document of {len(data):,} bytes is over the NATS server's "
                                    "max_payload (1 MB by default); raise max_payload in its configuration") from e
+        self._keep(key, Entry(value, written))
+        return written
 
     async def delete(self, key: str, revision: int) -> bool:
         """Delete ``key`` if it is still at ``revision``; False when it moved on (someone else owns it now)."""
+        self._forget(key)
         try:
             await self.kv.delete(key, last=revision)
         except (KeyWrongLastSequenceError, KeyNotFoundError):
@@ -179,6 +210,8 @@ class Documents(Generic[T]):
         """Apply ``batch`` in order to one read of ``key``, write once, and settle every slot."""
         try:
             known = batch[0].read
+            if known is None and self._last is not None:  # what this process last read or wrote (``remember``)
+                known = self._last.get(key)
             for attempt in range(self.max_attempts):
                 given = known is not None and attempt == 0
                 current = known if given and known is not None else await self.get(key, fresh=attempt > 0)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.bench.storm import _cpu_s, _fleet_of_agents, _rss_mb
-from remediator import eventloop
+from remediator import eventloop, heap
 from remediator.contracts import FaultEvent, GpuRef, utcnow
 
 FATAL_SHARE = 0.03
@@ -101,6 +101,7 @@ async def _replica_main(url: str, creds: str, index: int, ready: Any, go: Any, s
     audit = AuditLog.for_replica(js, settings, f"bench-dispatch-{index}", Signer(generate_seed()),
                                  observers=[ServiceMetrics().observe])
     dispatcher = await Dispatcher.create(nc, js, settings, audit, registry=configured_registry(settings))
+    heap.settle()  # as serve does once started
     ready.set()
     await asyncio.to_thread(go.wait)
     cpu0 = time.process_time()

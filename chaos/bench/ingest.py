@@ -9,7 +9,7 @@ with ``remediator bus init``'s layout plus a ``BENCH`` stream (``bench.>``) conf
 processes share the machine's cores, none pinned: nats-server, two HTTP servers (the floor and the real
 app, each alone in its process and idle while the other is measured) and the load generator. Each HTTP
 server runs uvicorn with uvloop and httptools, one worker, access log off, lifespan off, on loopback, and
-freezes its start-up heap (``gc.freeze()``) as a long-running server should. The load generator is a
+settles its start-up heap as ``serve`` does (``remediator.heap.settle``). The load generator is a
 minimal asyncio HTTP/1.1 client over raw keep-alive sockets (requests built from a pre-encoded template,
 responses parsed from the status line and Content-Length) on uvloop, in its own process, so the client is
 not what limits the figures. Every phase uses the same generator, the same ``concurrency`` (one connection
@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import json
 import os
 import signal
@@ -57,7 +56,7 @@ from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request, Response
 
-from remediator import subjects
+from remediator import heap, subjects
 from remediator.contracts import FaultEvent, GpuRef, utcnow
 from remediator.natsd import EmbeddedNats, free_port
 from remediator.settings import Settings
@@ -166,10 +165,10 @@ def _serve_main(kind: str, nats_url: str, port: int) -> None:
         config = uvicorn.Config(app, host="127.0.0.1", port=port, http="httptools", loop="none",
                                 lifespan="off", access_log=False, log_level="warning", workers=1)
         server = uvicorn.Server(config)
-        # What a long-running server does after start-up: move the import-time heap out of the collector's
-        # way, so full collections do not rescan ~70k long-lived objects every few hundred requests.
-        gc.collect()
-        gc.freeze()
+        # What serve does after start-up (both servers alike): move the import-time heap out of the
+        # collector's way, so full collections do not rescan ~70k long-lived objects every few hundred
+        # requests, and collect less often.
+        heap.settle()
         task = asyncio.create_task(server.serve())
         while not server.started:
             if task.done():

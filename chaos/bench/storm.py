@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from remediator import eventloop
+from remediator import eventloop, heap
 from remediator.contracts import FaultEvent, GpuRef, utcnow
 
 SPREAD_S = 30.0
@@ -284,9 +284,9 @@ async def _pipeline(nodes: int, overrides: dict[str, Any], *, label: str,
             executor = Executor(nc_x, js_x, settings, kube, audit, PlaybookCatalog.load(),
                                 AgentClient(nc_x, signer=signer),
                                 keep_results=nodes)  # every run's result: one per node at most
-            # What serve does once started and its node cache synced: that heap out of the collector's way.
-            gc.collect()
-            gc.freeze()
+            # What serve does once started and its node cache synced: that heap out of the collector's way,
+            # and the collector's thresholds.
+            heap.settle()
             stop = asyncio.Event()
             tasks = [asyncio.create_task(dispatcher.run(stop)), asyncio.create_task(executor.run(stop))]
             pipe = _Pipeline(server, settings, adapter, kube, executor, js_x, js_p, Path(tmp), cordoned_at, sim_info,

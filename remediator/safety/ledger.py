@@ -184,8 +184,11 @@ class LedgerStore:
     """The ledger document and the handover shards of the state bucket."""
 
     def __init__(self, kv: KeyValue, *, max_attempts: int = 50) -> None:
-        self.docs = Documents(kv, _decode, _encode, max_attempts=max_attempts)
-        self.shards = Documents(kv, _decode_shard, _encode_shard, max_attempts=max_attempts)
+        # Every run's end rewrites the ledger and its target's shard: each update starts from what this replica
+        # last read or wrote of it (``remember``), not from a fetch and a decode of a shard that may hold
+        # thousands of handovers. The guards' reads (``read``, ``update``) still ask the bucket.
+        self.docs = Documents(kv, _decode, _encode, max_attempts=max_attempts, remember=True)
+        self.shards = Documents(kv, _decode_shard, _encode_shard, max_attempts=max_attempts, remember=True)
 
     async def _sharded(self, *, fresh: bool = False) -> dict[str, Mapping[str, Any]]:
         """Every sharded handover, the shards read at once."""

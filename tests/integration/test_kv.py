@@ -278,3 +278,51 @@ async def test_an_update_on_the_callers_own_read_saves_its_read_and_a_stale_one_
 
     assert await docs.update("doc.r", keep, read=read) == 3  # read said 2: the server's value wins
     assert reads == [True, True]
+
+
+async def test_a_remembered_document_is_updated_without_a_read_and_another_writer_loses_nothing(
+        kv: KeyValue) -> None:
+    from remediator.kv import Documents
+
+    def ident(doc: Any) -> Any:
+        return doc
+
+    mine = Documents(kv, ident, ident, remember=True)  # this replica: the safety ledger's way
+    other = json_documents(kv)  # another replica (or the CLI) writing the same key
+    reads: list[bool] = []
+    real_get = mine.get
+
+    async def counted_get(key: str, *, fresh: bool = False) -> Any:
+        reads.append(fresh)
+        return await real_get(key, fresh=fresh)
+
+    mine.get = counted_get  # type: ignore[method-assign]
+
+    def add(item: str) -> Any:
+        def fn(doc: dict[str, Any] | None) -> tuple[dict[str, Any], None]:
+            return {**(doc or {}), item: True}, None
+        return fn
+
+    await mine.update("doc.m", add("a"))
+    assert reads == [False]  # nothing remembered yet: one read
+    await mine.update("doc.m", add("b"))
+    await mine.update("doc.m", add("c"))
+    assert reads == [False]  # what it wrote last was the read of the next update: no get
+    # another writer changes the key: the remembered value is stale, its compare-and-set fails, a fresh read wins
+    cur = await other.get("doc.m")
+    await other.put("doc.m", {**(cur.value or {}), "x": True}, cur.revision)
+    await mine.update("doc.m", add("d"))
+    assert reads == [False, True]
+    assert (await other.get("doc.m")).value == {"a": True, "b": True, "c": True, "x": True, "d": True}
+    # deleted elsewhere: the next update finds out by its compare-and-set, and starts from nothing
+    cur = await other.get("doc.m")
+    assert await other.delete("doc.m", cur.revision)
+    await mine.update("doc.m", add("e"))
+    assert (await other.get("doc.m")).value == {"e": True}
+    # a document updated with nothing to change is believed only on the server's own read
+    await mine.update("doc.m", lambda doc: (doc, None))
+    assert reads[-1] is True
+    # and remembers what that read said: the next update reads nothing
+    before = len(reads)
+    await mine.update("doc.m", add("f"))
+    assert len(reads) == before
