@@ -2,10 +2,10 @@
 a dependency, brings it), else asyncio's own.
 
 Where it sits: under ``serve`` and under the benchmarks that measure what ``serve`` runs (``remediator bench
-storm``, ``webhook``, ``dispatch``: their replicas included), so both run on the same loop. The loop is a
-large share of the service's CPU (faststream's consumers, nats-py's requests and every await on them), so a
-benchmark on another loop measures another service (ARCHITECTURE.md, "The benchmarks run what `serve`
-runs"). ``NAME`` says which loop ``run`` makes; ``current`` which one runs now (the benchmarks print it).
+storm``, ``webhook``, ``dispatch``: their replicas included), so both run on the same loop: every consumer,
+request and await of the service runs on it, and a benchmark on another loop measures another service
+(ARCHITECTURE.md, "One loop for `serve` and its benchmarks"). ``NAME`` says which loop ``run`` makes;
+``current`` which one runs now (the benchmarks print it).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ and every request allocate thousands of short-lived objects, and at 700 the coll
 passes over a storm, each promoting the objects of the requests then in flight, which the older
 generations then walked again: over a 5,000-node burst the service spent 12.0-12.9 s in 4,284-4,303 passes
 (32 of them full), against 2.1-2.3 s in 49 passes (none full) with the threshold raised (ARCHITECTURE.md,
-"The collector's pauses").
+"The young generation, collected less often").
 """
 
 from __future__ import annotations
