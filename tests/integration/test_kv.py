@@ -22,6 +22,19 @@ from remediator.subjects import LOCKS_BUCKET
 from .executor_support import T0, fast_settings
 
 
+def _count_reads(docs: Any) -> list[bool]:
+    """Every ``get`` of ``docs`` from now on, as its ``fresh`` flag, in a list that grows as they happen."""
+    reads: list[bool] = []
+    real_get = docs.get
+
+    async def counted_get(key: str, *, fresh: bool = False) -> Any:
+        reads.append(fresh)
+        return await real_get(key, fresh=fresh)
+
+    docs.get = counted_get
+    return reads
+
+
 async def test_put_names_the_revision_it_read_and_a_lost_race_is_a_conflict(kv: KeyValue) -> None:
     docs = json_documents(kv)
     absent = await docs.get("doc.a")
@@ -251,14 +264,8 @@ async def test_an_update_cancelled_before_its_turn_never_applies_and_strands_no_
 async def test_an_update_on_the_callers_own_read_saves_its_read_and_a_stale_one_loses_nothing(kv: KeyValue) -> None:
     docs = json_documents(kv)
     await docs.put("doc.r", {"n": 1}, 0)
-    reads: list[bool] = []
     real_get = docs.get
-
-    async def counted_get(key: str, *, fresh: bool = False) -> Any:
-        reads.append(fresh)
-        return await real_get(key, fresh=fresh)
-
-    docs.get = counted_get  # type: ignore[method-assign]
+    reads = _count_reads(docs)
 
     def bump(doc: dict[str, Any] | None) -> tuple[dict[str, Any] | None, int]:
         n = int((doc or {})["n"]) + 1
@@ -289,14 +296,7 @@ async def test_a_remembered_document_is_updated_without_a_read_and_another_write
 
     mine = Documents(kv, ident, ident, remember=True)  # this replica: the safety ledger's way
     other = json_documents(kv)  # another replica (or the CLI) writing the same key
-    reads: list[bool] = []
-    real_get = mine.get
-
-    async def counted_get(key: str, *, fresh: bool = False) -> Any:
-        reads.append(fresh)
-        return await real_get(key, fresh=fresh)
-
-    mine.get = counted_get  # type: ignore[method-assign]
+    reads = _count_reads(mine)
 
     def add(item: str) -> Any:
         def fn(doc: dict[str, Any] | None) -> tuple[dict[str, Any], None]:
