@@ -37,3 +37,22 @@ def test_serve_runs_on_that_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     result = CliRunner().invoke(serve_cli.serve, ["--insecure-no-auth"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert ran == ["_serve"]
+
+
+def test_an_import_error_inside_the_service_is_not_a_second_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``serve`` once ran the whole service again on asyncio's loop when an ``ImportError`` escaped it (the
+    uvloop import and the run shared one ``try``): a service that fails to import a part fails once."""
+    from remediator.cli import serve as serve_cli
+
+    runs: list[str] = []
+
+    def failing_run(main: Any) -> None:
+        runs.append(main.cr_code.co_name)
+        main.close()
+        raise ImportError("a part of the service could not be imported")
+
+    monkeypatch.setattr(serve_cli.eventloop, "run", failing_run)
+    monkeypatch.setattr(asyncio, "run", failing_run)  # a fallback to asyncio's loop would land here
+    with pytest.raises(ImportError):
+        CliRunner().invoke(serve_cli.serve, ["--insecure-no-auth"], catch_exceptions=False)
+    assert runs == ["_serve"]
