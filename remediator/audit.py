@@ -104,12 +104,15 @@ class AuditLog:
         self._clock = clock
         self._max_attempts = max_attempts
         self._heads: dict[str, _Head] = {}
+        self._direct = True  # chain heads read by direct get (``_last_msg``) until the stream answers none
         self._locks: dict[str, asyncio.Lock] = {}
         self.checkpoint_every = checkpoint_every
         self.checkpoint_interval_s = checkpoint_interval_s
         self._unanchored: dict[str, tuple[AuditRecord, int, float]] = {}  # head, records since, first at
         self._timers: dict[str, asyncio.Task[None]] = {}
         self.checkpoints_written = 0
+        self.appended = 0  # records stored
+        self.relinked = 0  # appends refused because another writer had appended first, then re-linked
         self._checkpoint_warned = False
 
     @classmethod
@@ -123,21 +126,33 @@ class AuditLog:
                    checkpoint_every=settings.audit_checkpoint_records,
                    checkpoint_interval_s=settings.audit_checkpoint_interval_s)
 
-    async def _last_msg(self, subject: str) -> Any:
+    async def _last_msg(self, subject: str, *, direct: bool) -> Any:
         """The chain's last message; a read, so a timeout (AUDIT without a leader: nobody answers the
-        request) is asked again until ``LEADER_WAIT_S`` has passed, as publishes wait out an election."""
+        request) is asked again until ``LEADER_WAIT_S`` has passed, as publishes wait out an election.
+
+        ``direct``: a direct get, which any replica of the stream answers, raw (the leader's answer is JSON
+        with the message in base64, its headers parsed by the ``email`` package: about three times the CPU);
+        a follower's may be a record behind, which only costs the append a refused publish and a read from
+        the leader. A stream declared before AUDIT allowed direct gets has nobody answering them: the leader
+        is asked, from then on."""
         deadline = asyncio.get_running_loop().time() + LEADER_WAIT_S
         while True:
             try:
-                return await self._js.get_last_msg(AUDIT_STREAM, subject)
+                return await self._js.get_last_msg(AUDIT_STREAM, subject, direct=direct and self._direct)
+            except nats.errors.NoRespondersError:
+                if not (direct and self._direct):
+                    raise
+                self._direct = False
+                log.info("audit: %s answers no direct gets; reading chain heads from its leader (`remediator "
+                         "bus init` allows them)", AUDIT_STREAM)
             except nats.errors.TimeoutError:
                 if asyncio.get_running_loop().time() >= deadline:
                     raise
                 log.info("audit: no answer for the head of %s; asking again", subject)
 
-    async def _load_head(self, subject: str) -> _Head:
+    async def _load_head(self, subject: str, *, direct: bool = True) -> _Head:
         try:
-            raw = await self._last_msg(subject)
+            raw = await self._last_msg(subject, direct=direct)
         except NotFoundError:
             return _Head(0, 0, GENESIS_HASH)
         assert raw.data is not None and raw.seq is not None
@@ -178,8 +193,10 @@ class AuditLog:
         subject = audit_subject(node)
         lock = self._locks.setdefault(subject, asyncio.Lock())
         async with lock:
-            for _attempt in range(self._max_attempts):
-                head = self._heads.get(subject) or await self._load_head(subject)
+            for attempt in range(self._max_attempts):
+                # the head this process wrote last; else any replica's (a direct get); after two refused
+                # appends, the leader's, which has every acknowledged record
+                head = self._heads.get(subject) or await self._load_head(subject, direct=attempt < 2)
                 fields: dict[str, Any] = {
                     "version": 1, "seq": head.chain_seq + 1, "time": self._clock().isoformat(),
                     "incident": incident, "node": node or "_cluster", "gpu": gpu,
@@ -190,11 +207,15 @@ class AuditLog:
                 }
                 if self.signer is not None:
                     fields["signer"] = self.signer.public_key
-                # Round-trip through the model so the digest covers exactly what is serialised.
-                draft = AuditRecord.model_validate({**fields, "hash": ""}).model_dump(mode="json")
+                # Round-trip through the model so the digest covers exactly what is serialised; the record is
+                # that model with its hash and signature set (the digest covers neither), its free-form
+                # ``before``/``after`` as serialised, as a reader parses them.
+                model = AuditRecord.model_validate({**fields, "hash": ""})
+                draft = model.model_dump(mode="json")
                 digest = AuditRecord.digest(draft)
                 sig = self.signer.sign(digest.encode()) if self.signer is not None else None
-                record = AuditRecord.model_validate({**draft, "hash": digest, "sig": sig})
+                record = model.model_copy(update={"hash": digest, "sig": sig, "before": draft["before"],
+                                                  "after": draft["after"]})
                 headers = {_EXPECTED_LAST_SUBJECT_SEQ: str(head.stream_seq)}
                 if once is not None:
                     headers[MSG_ID_HEADER] = f"audit|{once}"
@@ -206,12 +227,14 @@ class AuditLog:
                 except APIError as err:
                     if err.err_code in _WRONG_LAST_SEQUENCE:
                         self._heads.pop(subject, None)  # another writer appended: re-read and re-link
+                        self.relinked += 1
                         continue
                     raise
                 if ack.duplicate:  # stored by an earlier attempt: this copy was not, the head is unknown
                     self._heads.pop(subject, None)
                     return record
                 self._heads[subject] = _Head(ack.seq, record.seq, record.hash)
+                self.appended += 1
                 due = self._note_unanchored(subject, record)
                 for observe in self._observers:  # metrics: cheap, synchronous, never fail the append
                     try:

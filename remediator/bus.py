@@ -396,7 +396,8 @@ def _stream_specs(settings: Settings, replicas: int) -> list[_StreamSpec]:
             description="hash-chained audit trail (audit.<node>, audit._cluster)",
             retention=js_api.RetentionPolicy.LIMITS, storage=file, duplicate_window=dup,
             max_age=audit_age, max_bytes=settings.audit_max_bytes, discard=js_api.DiscardPolicy.OLD,
-            num_replicas=replicas)),
+            num_replicas=replicas, allow_direct=True),  # chain heads read by direct get (remediator.audit)
+            compared=(*_StreamSpec.compared, "allow_direct")),
         # Signed checkpoints of the audit chains' heads, apart from AUDIT so that purging one leaves the
         # other; kept longer than the records they anchor, the last 10,000 per chain.
         _StreamSpec(js_api.StreamConfig(

@@ -99,6 +99,7 @@ class DispatchStats:
     updated: int = 0
     no_action: int = 0
     dead_lettered: int = 0
+    cas_lost: int = 0  # compare-and-sets of a history another writer won (re-read, decided again)
     by_handler: dict[str, int] = field(default_factory=dict)
 
 
@@ -260,6 +261,7 @@ class Dispatcher:
                 await self._store_decision(verdict.decision)
             if verdict.history == history or await self._state.compare_and_set(key, verdict.history, revision):
                 return verdict
+            self.stats.cas_lost += 1
         raise StateConflict(f"{key}: compare-and-set lost 25 times in a row")
 
     async def _store_decision(self, decision: Decision) -> None:

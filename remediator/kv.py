@@ -86,7 +86,8 @@ class Documents(Generic[T]):
     ``remember``: keep the newest value this process read or wrote of each key, and start an ``update``
     from it instead of reading the key again, for a few hot documents a replica itself writes most (the
     safety ledger and its handover shards, read and rewritten at every run's end: a shard of thousands of
-    handovers is tens of kB to fetch and decode each time). The compare-and-set still names its revision,
+    handovers is tens of kB to fetch and decode each time), and a ``get`` that fetches the revision it
+    remembers returns the value it holds, undecoded. The compare-and-set still names its revision,
     so a value another replica changed since costs a lost race and a fresh read, never a lost update. Values
     are kept as ``decode`` and the update functions made them: nobody may mutate one. Only for a bounded set
     of keys: nothing is ever dropped but on a lost race or a delete.
@@ -111,8 +112,12 @@ class Documents(Generic[T]):
             entry = await (self._leader if fresh else self.kv).get(key)
         except (KeyNotFoundError, KeyDeletedError):
             return Entry(self._decode(None), 0)
+        revision = int(entry.revision or 0)
+        known = self._last.get(key) if self._last is not None else None
+        if known is not None and known.revision == revision:  # one revision of a key is one value: not decoded
+            return known  # again (``remember``)
         raw = orjson.loads(entry.value) if entry.value else None
-        read = Entry(self._decode(raw), int(entry.revision or 0))
+        read = Entry(self._decode(raw), revision)
         self._keep(key, read)
         return read
 

@@ -14,10 +14,13 @@ clock runs from the moment they are told to go to the moment the consumer has no
 
 Top-level keys: ``events_per_s``, ``cpu_ms_per_event`` (CPU of the replicas' processes over the drain, per
 event), ``nats_cpu_ms_per_event`` (the server's), ``replicas``, and ``events``, ``nodes``, ``drain_s``,
-``decisions`` (published to REMEDIATIONS), ``cpu_ms_per_event_by_replica``, ``rss_mb`` (replicas, server),
+``decisions`` (published to REMEDIATIONS), ``cpu_ms_per_event_by_replica``, ``cas_lost`` (compare-and-sets
+of a history another replica won, each re-read and decided again), ``cores_busy`` (the CPU of replicas and
+server over the drain, in cores) beside ``cpus`` (the machine's), ``rss_mb`` (replicas, server),
 ``event_loop`` (the loops the replicas ran on: ``serve``'s, ``remediator.eventloop``), ``load_average``.
-On a 2-core machine two replicas and the server share two cores: compare the CPU per event, not only the
-rate. The figures are noisy on a shared machine.
+On a 2-core machine two replicas and the server share two cores: ``cores_busy`` near ``cpus`` says the
+cores, not the replicas, are the limit; compare the CPU per event, not only the rate. The figures are
+noisy on a shared machine.
 """
 
 from __future__ import annotations
@@ -113,6 +116,8 @@ async def _replica_main(url: str, creds: str, index: int, ready: Any, go: Any, s
     with contextlib.suppress(Exception):
         await asyncio.wait_for(task, 15)
     report.put({"index": index, "cpu_s": cpu, "events": dispatcher.stats.events,
+                "cas_lost": dispatcher.stats.cas_lost,
+                "audit_appended": audit.appended, "audit_relinked": audit.relinked,
                 "rss_mb": _rss_mb(os.getpid(), peak=True), "event_loop": eventloop.current()})
     with contextlib.suppress(Exception):
         await nc.close()
@@ -177,17 +182,22 @@ async def run(events: int = 20_000, nodes: int = 2000, replicas: int = 1, progre
         finally:
             await nc_a.close()
     cpu = sum(r["cpu_s"] for r in reports)
+    nats_cpu = nats_cpu1 - nats_cpu0 if nats_cpu0 is not None and nats_cpu1 is not None else None
     return {
         "events_per_s": round(events / drain_s, 1),
         "cpu_ms_per_event": round(1000 * cpu / events, 3),
-        "nats_cpu_ms_per_event": (round(1000 * (nats_cpu1 - nats_cpu0) / events, 3)
-                                  if nats_cpu0 is not None and nats_cpu1 is not None else None),
+        "nats_cpu_ms_per_event": round(1000 * nats_cpu / events, 3) if nats_cpu is not None else None,
         "replicas": replicas,
         "events": events,
         "nodes": nodes,
         "drain_s": round(drain_s, 3),
         "decisions": decisions,
         "handled_by_replica": [r["events"] for r in sorted(reports, key=lambda r: r["index"])],
+        "cas_lost": sum(r["cas_lost"] for r in reports),
+        "audit_records": {"appended": sum(r["audit_appended"] for r in reports),
+                          "relinked": sum(r["audit_relinked"] for r in reports)},
+        "cores_busy": round((cpu + (nats_cpu or 0.0)) / drain_s, 2),
+        "cpus": os.cpu_count(),
         "cpu_ms_per_event_by_replica": [round(1000 * r["cpu_s"] / max(1, r["events"]), 3)
                                         for r in sorted(reports, key=lambda r: r["index"])],
         "rss_mb": {"replicas": [r["rss_mb"] for r in sorted(reports, key=lambda r: r["index"])],

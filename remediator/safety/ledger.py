@@ -19,6 +19,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 from nats.js.kv import KeyValue
@@ -106,7 +107,7 @@ class Ledger:
 
     def with_sharded(self, sharded: Mapping[str, Mapping[str, Any]]) -> Ledger:
         """This ledger document with the handovers of the shards added to its view (``handovers``)."""
-        return replace(self, handovers={**self.inline, **sharded})
+        return replace(self, handovers={**self.inline, **sharded} if self.inline else sharded)
 
     def holds(self, decision: Decision) -> bool:
         """Whether the decision's incident holds the reservation of its target."""
@@ -189,11 +190,16 @@ class LedgerStore:
         # thousands of handovers. The guards' reads (``read``, ``update``) still ask the bucket.
         self.docs = Documents(kv, _decode, _encode, max_attempts=max_attempts, remember=True)
         self.shards = Documents(kv, _decode_shard, _encode_shard, max_attempts=max_attempts, remember=True)
+        self._union: tuple[tuple[int, ...], Mapping[str, Mapping[str, Any]]] | None = None
 
-    async def _sharded(self, *, fresh: bool = False) -> dict[str, Mapping[str, Any]]:
-        """Every sharded handover, the shards read at once."""
+    async def _sharded(self, *, fresh: bool = False) -> Mapping[str, Mapping[str, Any]]:
+        """Every sharded handover, the shards read at once; while no shard changed, the view built last time
+        (a shard's revision names its value: ``Documents`` keeps it, and this its union)."""
         entries = await asyncio.gather(*(self.shards.get(k, fresh=fresh) for k in HANDOVER_SHARD_KEYS))
-        return {key: h for e in entries for key, h in e.value.items()}
+        revisions = tuple(e.revision for e in entries)
+        if self._union is None or self._union[0] != revisions:
+            self._union = revisions, MappingProxyType({key: h for e in entries for key, h in e.value.items()})
+        return self._union[1]
 
     async def read(self) -> Ledger:
         """The ledger with every handover, inline and sharded."""

@@ -39,6 +39,29 @@ async def test_two_writers_never_fork_a_chain(nats_server: EmbeddedNats) -> None
     await nc.close()
 
 
+@pytest.mark.parametrize("direct", [True, False], ids=["direct-gets", "declared-without-direct-gets"])
+async def test_a_writer_whose_head_went_stale_relinks_after_the_other_writers_record(
+        nats_server: EmbeddedNats, direct: bool) -> None:
+    """Two replicas take turns on one node's chain: each append after the other's is refused once and re-linked
+    (``AuditLog.relinked``, ``bench dispatch``'s ``audit_records``), its head read by direct get where AUDIT
+    allows them (``bus init`` declares it so) and from the leader where it does not."""
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    await js.add_stream(StreamConfig(name=AUDIT_STREAM, subjects=["audit.>"], allow_direct=direct))
+    a, b = AuditLog(js, "replica-a"), AuditLog(js, "replica-b")
+    for i in range(3):
+        await a.append("gpu-node-1", "event_accepted", f"a{i}")
+        await b.append("gpu-node-1", "event_accepted", f"b{i}")
+    assert (a.appended, b.appended) == (3, 3)
+    assert (a.relinked, b.relinked) == (2, 2)  # b's first head was read, not stale; a's first append had none
+    assert (a._direct, b._direct) == (direct, direct)
+    records = [r async for r in iter_records(js, "gpu-node-1")]
+    assert [r.why for r in records] == ["a0", "b0", "a1", "b1", "a2", "b2"]
+    [report] = verify_chains(records)
+    assert report.ok and report.records == 6
+    await nc.close()
+
+
 async def test_tampering_is_detected(nats_server: EmbeddedNats) -> None:
     nc, js = await _js(nats_server)
     log = AuditLog(js, "r")

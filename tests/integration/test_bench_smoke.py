@@ -31,6 +31,9 @@ def test_bench_dispatch_prints_its_keys() -> None:
     assert doc["replicas"] == 2 and doc["events"] == 300
     assert sum(doc["handled_by_replica"]) >= 300  # type: ignore[arg-type]
     assert doc["event_loop"] == ["uvloop"]  # serve's loop, in every replica (remediator.eventloop)
+    # whether the cores or the replicas are the limit: CPU of replicas and server over the drain, and lost races
+    assert doc["cpus"] == os.cpu_count() and 0 < doc["cores_busy"] <= 1.5 * doc["cpus"], doc  # type: ignore[operator]
+    assert isinstance(doc["cas_lost"], int) and 0 <= doc["cas_lost"] <= 300, doc
 
 
 def test_bench_storm_prints_its_keys() -> None:

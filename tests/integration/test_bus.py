@@ -54,6 +54,7 @@ async def test_provision_is_idempotent_and_declares_section_4(conn: tuple, setti
     assert rem.retention == api.RetentionPolicy.WORK_QUEUE and rem.duplicate_window == 1200
     audit = (await js.stream_info(subjects.AUDIT_STREAM)).config
     assert audit.retention == api.RetentionPolicy.LIMITS and audit.max_age == 90 * 86_400
+    assert audit.allow_direct  # the appenders read chain heads by direct get (remediator.audit)
     dl = (await js.stream_info(subjects.DEAD_LETTER_STREAM)).config
     assert dl.subjects == [subjects.DEAD_LETTER_WILDCARD]
 
@@ -94,6 +95,16 @@ async def test_provision_updates_a_stream_that_drifted(conn: tuple, settings: Se
     (line,) = await bus.provision(js, locks)
     assert line == "updated KV bucket remediator-locks: max_age 30s -> 90s"
     assert (await (await js.key_value(subjects.LOCKS_BUCKET)).status()).ttl == 90
+
+
+async def test_provision_allows_direct_gets_on_an_audit_stream_declared_without_them(conn: tuple,
+                                                                                     settings: Settings) -> None:
+    _nc, js = conn
+    await js.add_stream(name=subjects.AUDIT_STREAM, subjects=[subjects.AUDIT_WILDCARD], storage=api.StorageType.FILE,
+                        duplicate_window=1200, max_age=90 * 86_400, max_bytes=settings.audit_max_bytes)
+    done = await bus.provision(js, settings)
+    assert any(line.startswith("updated stream AUDIT") and "allow_direct False -> True" in line for line in done), done
+    assert (await js.stream_info(subjects.AUDIT_STREAM)).config.allow_direct
 
 
 async def test_publish_event_dedups_on_event_id_and_carries_traceparent(conn: tuple, settings: Settings) -> None:

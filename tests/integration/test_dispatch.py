@@ -16,7 +16,7 @@ from remediator.contracts import Decision, FaultEvent, GpuRef, Origin
 from remediator.dispatch import Dispatcher
 from remediator.natsd import EmbeddedNats
 from remediator.settings import Settings
-from remediator.subjects import REMEDIATIONS_STREAM, STATE_BUCKET
+from remediator.subjects import REMEDIATIONS_STREAM, STATE_BUCKET, node_key
 
 T0 = datetime(2026, 3, 1, 3, 12, tzinfo=UTC)
 UUID = "GPU-0b1e5e5e-0000-4000-8000-000000000001"
@@ -343,3 +343,31 @@ async def test_the_nodes_history_is_read_while_the_pods_owner_is_looked_up(nats_
         assert decision.job == "train-7" and decision.origin.pod == "trainer-0"  # decided on the resolved event
     finally:
         await nc.close()
+
+
+async def test_a_replica_that_loses_the_compare_and_set_decides_again_over_the_winners_history(
+        nats_server: EmbeddedNats) -> None:
+    """Two replicas on one node's history: the one whose read went stale re-reads, so neither event is lost
+    and one incident is opened, not two; the lost race is counted (``bench dispatch``'s ``cas_lost``)."""
+    clock = Clock()
+    nc, js, a = await _setup(nats_server, clock)
+    b = await Dispatcher.create(nc, js, Settings(nats_url=nats_server.url), AuditLog(js, "test-b", clock=clock),
+                                registry=default_registry(), clock=clock)
+    read = a._state.get
+    raced = False
+
+    async def stale_read(key: str, *, fresh: bool = False):  # type: ignore[no-untyped-def]
+        nonlocal raced
+        got = await read(key, fresh=fresh)
+        if not raced:  # the other replica writes the same history between this read and its CAS
+            raced = True
+            await b.handle(xid("gpu-node-9", 79, "agent|gpu-node-9|boot|1"))
+        return got
+
+    a._state.get = stale_read  # type: ignore[method-assign]
+    assert await a.handle(xid("gpu-node-9", 79, "agent|gpu-node-9|boot|2")) == []  # folded into b's incident
+    assert (a.stats.cas_lost, b.stats.cas_lost) == (1, 0)
+    assert [x.playbook for x in await _decisions(js)] == ["gpu-lost"]
+    history, _ = await read(node_key("gpu-node-9"))
+    assert {s.event_id for s in history.sightings} == {"agent|gpu-node-9|boot|1", "agent|gpu-node-9|boot|2"}
+    await nc.close()

@@ -326,3 +326,30 @@ async def test_a_remembered_document_is_updated_without_a_read_and_another_write
     before = len(reads)
     await mine.update("doc.m", add("f"))
     assert len(reads) == before
+
+
+async def test_a_remembered_revision_read_again_is_not_decoded_again_and_a_new_one_is(kv: KeyValue) -> None:
+    """The guards read the safety ledger's 16 handover shards at every decision; a shard unchanged since this
+    replica last read or wrote it is the value it holds (one revision of a key is one value), not a decode."""
+    from remediator.kv import Documents
+
+    decoded: list[Any] = []
+
+    def decode(doc: Any) -> Any:
+        decoded.append(doc)
+        return doc
+
+    mine = Documents(kv, decode, lambda doc: doc, remember=True)
+    other = json_documents(kv)
+    await other.put("doc.r", {"n": 1}, 0)
+    first = await mine.get("doc.r")
+    again = await mine.get("doc.r")
+    assert again is first and decoded == [{"n": 1}]  # fetched twice, decoded once
+    await other.put("doc.r", {"n": 2}, first.revision)  # another writer: a new revision is decoded
+    assert (await mine.get("doc.r")).value == {"n": 2} and decoded == [{"n": 1}, {"n": 2}]
+    rev = await mine.put("doc.r", {"n": 3}, first.revision + 1)  # what this replica wrote is what it holds
+    assert (await mine.get("doc.r", fresh=True)).revision == rev and decoded[-1] == {"n": 2}
+    forgetful = Documents(kv, decode, lambda doc: doc)  # without ``remember`` every read is decoded
+    await forgetful.get("doc.r")
+    await forgetful.get("doc.r")
+    assert decoded[-2:] == [{"n": 3}, {"n": 3}]

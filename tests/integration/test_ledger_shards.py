@@ -32,6 +32,11 @@ async def test_five_thousand_handovers_fit_and_the_ledger_document_stays_small(k
         await asyncio.gather(*(store.finish(d, handover_of(d, "escalated", LEFT, T0)) for d in runs[start:start + 500]))
     led = await store.read()
     assert len(led.handovers) == 5000
+    # each decision's guards read the ledger: with no shard changed since, the view of the last read is reused
+    # (16 fetches, nothing decoded; ARCHITECTURE "How far one bus goes"), and nobody can change it in place
+    assert (await store.read()).handovers is led.handovers
+    with pytest.raises(TypeError):
+        led.handovers["gpu-node-x|0"] = {}  # type: ignore[index]
     assert led.handovers[reservation_key(runs[1234])]["incident"] == "inc-01234"
     as_one_document = len(json.dumps({k: dict(v) for k, v in led.handovers.items()}))
     assert as_one_document > 1024 * 1024  # would not have fitted in one NATS message
@@ -107,3 +112,17 @@ async def test_the_budget_counts_a_sharded_handover_the_cluster_no_longer_shows(
     await gate.ledger.settle_handover(reservation_key(gone), "inc-gone")
     result = await gate.evaluate(decision("n2", "gpu-lost", gpu=0, incident="inc-after"), only_budget, facts("n2"), T0)
     assert next(v for v in result.verdicts if v.name == "budget").allowed
+
+
+async def test_a_handover_another_replica_wrote_is_in_the_next_read(kv: KeyValue) -> None:
+    """The view a replica reuses is keyed by the shards' revisions: another replica's write is read, decoded
+    and counted; a removal too."""
+    mine, theirs = LedgerStore(kv), LedgerStore(kv)
+    runs = [decision(f"gpu-node-{i}", "gpu-lost", gpu=0, incident=f"inc-{i}") for i in range(3)]
+    await mine.finish(runs[0], handover_of(runs[0], "escalated", LEFT, T0))
+    assert set((await mine.read()).handovers) == {reservation_key(runs[0])}
+    await theirs.finish(runs[1], handover_of(runs[1], "escalated", LEFT, T0))
+    await theirs.finish(runs[2], handover_of(runs[2], "escalated", LEFT, T0))
+    assert set((await mine.read()).handovers) == {reservation_key(r) for r in runs}
+    assert await theirs.settle_handover(reservation_key(runs[0])) is not None
+    assert set((await mine.read()).handovers) == {reservation_key(r) for r in runs[1:]}

@@ -89,11 +89,13 @@ class _LeaderlessAudit:
         self.timeouts = timeouts
         self.asked = 0
         self.published: list[dict[str, str]] = []
+        self.direct: list[bool] = []
 
-    async def get_last_msg(self, stream: str, subject: str) -> Any:
+    async def get_last_msg(self, stream_name: str, subject: str, direct: bool | None = False) -> Any:
         from nats.js.errors import NotFoundError
 
         self.asked += 1
+        self.direct.append(bool(direct))
         if self.asked <= self.timeouts:
             raise nats.errors.TimeoutError
         raise NotFoundError
@@ -110,4 +112,5 @@ async def test_the_appender_asks_again_for_a_chain_head_nobody_answered() -> Non
     log = AuditLog(js, "test", checkpoint_every=0)  # type: ignore[arg-type]
     record = await log.append("gpu-node-1", "event_accepted", "xid 79", once="accepted|e1")
     assert js.asked == 3 and record.seq == 1
+    assert js.direct == [True] * 3  # a direct get each time: a timeout is not a stream that answers none
     assert js.published[0]["Nats-Msg-Id"] == "audit|accepted|e1"
