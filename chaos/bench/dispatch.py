@@ -15,7 +15,9 @@ clock runs from the moment they are told to go to the moment the consumer has no
 Top-level keys: ``events_per_s``, ``cpu_ms_per_event`` (CPU of the replicas' processes over the drain, per
 event), ``nats_cpu_ms_per_event`` (the server's), ``replicas``, and ``events``, ``nodes``, ``drain_s``,
 ``decisions`` (published to REMEDIATIONS), ``cpu_ms_per_event_by_replica``, ``cas_lost`` (compare-and-sets
-of a history another replica won, each re-read and decided again), ``cores_busy`` (the CPU of replicas and
+of a history another replica won, each re-read and decided again), ``audit_records`` (``appended``, and
+``relinked``: appends refused because the other replica had appended to that node's chain first, each
+re-linked after its record), ``cores_busy`` (the CPU of replicas and
 server over the drain, in cores) beside ``cpus`` (the machine's), ``rss_mb`` (replicas, server),
 ``event_loop`` (the loops the replicas ran on: ``serve``'s, ``remediator.eventloop``), ``load_average``.
 On a 2-core machine two replicas and the server share two cores: ``cores_busy`` near ``cpus`` says the

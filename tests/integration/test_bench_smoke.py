@@ -34,6 +34,9 @@ def test_bench_dispatch_prints_its_keys() -> None:
     # whether the cores or the replicas are the limit: CPU of replicas and server over the drain, and lost races
     assert doc["cpus"] == os.cpu_count() and 0 < doc["cores_busy"] <= 1.5 * doc["cpus"], doc  # type: ignore[operator]
     assert isinstance(doc["cas_lost"], int) and 0 <= doc["cas_lost"] <= 300, doc
+    records = doc["audit_records"]  # a record or two per event, some re-linked after the other replica's
+    assert isinstance(records, dict) and 300 <= records["appended"] <= 900, doc
+    assert records["relinked"] <= records["appended"], doc
 
 
 def test_bench_storm_prints_its_keys() -> None:
