@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from remediator.contracts import AgentReply, AgentVerb, AuditRecord, AuditWhat, Change, GpuRef, JobRef
+from remediator.pools import PoolView
 
 __all__ = ["AgentPort", "AuditPort", "KubePort"]
 
@@ -33,6 +34,10 @@ class KubePort(Protocol):
         ...
 
     async def list_gpu_nodes(self, pool: str | None = ...) -> list[dict[str, Any]]: ...
+
+    async def pool_view(self, pool: str) -> PoolView:
+        """The pool as the budget guard reads it (``remediator.pools``)."""
+        ...
 
     async def taint(self, node: str, key: str, value: str, effect: str = ...) -> Change: ...
 

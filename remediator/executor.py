@@ -75,7 +75,6 @@ from remediator.safety import (
     LockHeld,
     LockLost,
     NodeLocks,
-    PoolCache,
     SafetyPolicy,
     SafetySnapshot,
 )
@@ -95,7 +94,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Executor", "LockLost", "RunResult", "StepAction", "next_step"]
 
-POOL_CACHE_S = 2.0  # how long a pool's node list serves the budget guard
 
 
 class _Cancelled(Exception):
@@ -128,7 +126,6 @@ class Executor:
         self._http = http
         self._state_kv: KeyValue | None = None
         self._rails: tuple[NodeLocks, Gate, RunLog] | None = None
-        self._pools = PoolCache(lambda pool: self.kube.list_gpu_nodes(pool), POOL_CACHE_S)
         self._runner = StepRunner(steps, clock)
         # The most recent runs' results, for tests, drills and benchmarks: bounded, so a replica that runs for
         # months does not grow with every incident it ever handled; ``finished`` counts them all.
@@ -398,7 +395,7 @@ class Executor:
         attempts = await gate.attempts.read(d.node) if "cooldown" in policy.enabled else None
         pool_nodes = None
         if "budget" in policy.enabled and quarantine is not None:
-            pool_nodes = await self._pools.nodes(str(node.get("pool") or "default"))
+            pool_nodes = await self.kube.pool_view(str(node.get("pool") or "default"))
         facts = Facts(node=node, quarantine=quarantine, playbook_dry_run=pb.dry_run, me=lease.owner,
                       lock_holder=None if lease.lost.is_set() else lease.owner, taint_key=self.settings.taint_key,
                       attempts=attempts.value if attempts is not None else (), pool_nodes=pool_nodes,

@@ -77,9 +77,11 @@ from kubernetes.config.config_exception import ConfigException
 from tenacity import RetryCallState, RetryError, Retrying, retry_if_exception
 
 from remediator.adapters.nodecache import NodeCache, Transform
+from remediator.adapters.pool_index import PoolIndex
 from remediator.adapters.ratelimit import LanedLimiter, current_lane, lane
 from remediator.contracts import JOB_LABELS, OPT_OUT_LABEL, POOL_LABEL, Change, JobRef
 from remediator.errors import Conflict, PermanentError, RemediatorError, TemporaryError
+from remediator.pools import PoolView
 
 if TYPE_CHECKING:
     from remediator.contracts import GpuRef
@@ -104,6 +106,9 @@ log = logging.getLogger(__name__)
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
+
+# While the node cache is not synced, how long one list of a pool serves the budget guard of every run
+POOL_LIST_TTL_S: Final = 2.0
 
 # --- names on the wire ------------------------------------------------------------------------------
 
@@ -652,9 +657,10 @@ class KubeAdapter:
         410-Gone relists and a full resync every ``resync_s``); idempotent. Mutations keep their
         ``resourceVersion`` precondition and re-read from the API server after a conflict."""
         if self.node_cache is None:
+            index = PoolIndex(self._node_summary, self._is_gpu_node, self.taint_key)
             self.node_cache = NodeCache(self._node_snapshot, self._node_events, resync_s=resync_s,
                                         watch_timeout_s=watch_timeout_s, clock=self._clock,
-                                        transform=slim_node).start()
+                                        transform=slim_node, index=index).start()
         return self.node_cache
 
     def _node_snapshot(self, transform: Transform = dict) -> tuple[list[dict[str, Any]], str]:
@@ -784,6 +790,19 @@ class KubeAdapter:
         if pool is not None:
             nodes = [n for n in nodes if n["pool"] == pool]
         return sorted(nodes, key=lambda n: str(n["name"]))
+
+    def cached_pool_view(self, pool: str) -> PoolView | None:
+        """The pool as the node cache's index holds it (``remediator.adapters.pool_index``), None when the cache
+        is not synced. Memory only, in time proportional to the pool's notable nodes: safe on the event loop."""
+        cache = self.node_cache
+        if cache is None or not cache.synced or not isinstance(cache.index, PoolIndex):
+            return None
+        return cache.index.view(pool)
+
+    def pool_view(self, pool: str) -> PoolView:
+        """The pool as the budget guard reads it: from the node cache's index, else from a list of the nodes."""
+        cached = self.cached_pool_view(pool)
+        return cached if cached is not None else PoolView.of(pool, self.list_gpu_nodes(pool), self.taint_key)
 
     def wait_node_change(self, resource_version: str | None, timeout_s: float) -> str | None:
         """Block until a node changes after ``resource_version`` (one ``watch`` request on nodes, ended at its
@@ -1945,6 +1964,8 @@ class AsyncKube:
             raise ValueError("max_workers must be at least 1")
         self.sync = adapter
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="kube")
+        self._pool_locks: dict[str, asyncio.Lock] = {}
+        self._pool_lists: dict[str, tuple[float, PoolView]] = {}  # pool_view while the node cache is not synced
 
     @classmethod
     def from_settings(cls, settings: Settings, *, max_workers: int | None = None, **overrides: Any) -> AsyncKube:
@@ -1999,6 +2020,19 @@ class AsyncKube:
 
     async def list_gpu_nodes(self, pool: str | None = None) -> list[dict[str, Any]]:
         return await self._call(self.sync.list_gpu_nodes, pool)
+
+    async def pool_view(self, pool: str) -> PoolView:
+        """``KubeAdapter.pool_view``: from the node cache's index without a thread hop; while the cache is not
+        synced, one list per pool serves every run that asks within ``POOL_LIST_TTL_S``."""
+        cached = self.sync.cached_pool_view(pool)
+        if cached is not None:
+            return cached
+        loop = asyncio.get_running_loop()
+        async with self._pool_locks.setdefault(pool, asyncio.Lock()):
+            listed = self._pool_lists.get(pool)
+            if listed is None or loop.time() - listed[0] >= POOL_LIST_TTL_S:
+                listed = self._pool_lists[pool] = (loop.time(), await self._call(self.sync.pool_view, pool))
+            return listed[1]
 
     async def wait_node_change(self, resource_version: str | None, timeout_s: float) -> str | None:
         """``KubeAdapter.wait_node_change`` on a daemon thread of its own (a watch holds it for up to

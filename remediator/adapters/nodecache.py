@@ -2,12 +2,14 @@
 
 Where it sits: inside the Kubernetes adapter (``remediator.adapters.kube``), which owns the requests; this
 module owns the loop and the store, and imports no client library. Once started (``AsyncKube.start``: the
-service and the benchmarks do), the adapter answers ``get_node``/``find_node``/``list_gpu_nodes`` — what the
-guards, the override checks, the budget and the escalation read — from here instead of the API server.
-Mutations still read and write with optimistic concurrency: the first attempt patches on the cached
-``resourceVersion``; a 409 (the cache was behind) re-reads the node from the API server. The object a
-successful write returns is stored at once (client-go's mutation cache), so the next read sees our own write
-before its watch event arrives.
+service and the benchmarks do), the adapter answers ``get_node``/``find_node``/``list_gpu_nodes``/
+``pool_view`` — what the guards, the override checks, the budget and the escalation read — from here instead
+of the API server. An ``index`` (``NodeIndex``: the adapter's ``pool_index``) is kept with the store: reset
+after every list and told of every object stored or dropped. Mutations still read and write with optimistic
+concurrency: the first attempt patches on the cached ``resourceVersion``; a 409 (the cache was behind)
+re-reads the node from the API server. The object a successful write returns is stored at once (client-go's
+mutation cache), so the next read sees our own write before its
+watch event arrives.
 
 The loop, as client-go's reflector runs it:
 
@@ -30,18 +32,29 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Lister", "NodeCache", "Transform", "Watcher", "newer"]
+__all__ = ["Lister", "NodeCache", "NodeIndex", "Transform", "Watcher", "newer"]
 
 Transform = Callable[[Mapping[str, Any]], dict[str, Any]]
 # Every node, each passed through the transform as it arrives (a page at a time: a large cluster's raw list is
 # never held whole), and the list's resourceVersion.
 Lister = Callable[[Transform], tuple[list[dict[str, Any]], str]]
 Watcher = Callable[[str, float], Iterator[dict[str, Any]]]
+
+
+class NodeIndex(Protocol):
+    """What is derived from the stored nodes and kept with them (``remediator.adapters.pool_index``): told of
+    every list (``reset``) and of every object stored or dropped after it."""
+
+    def reset(self, objs: Iterable[Mapping[str, Any]]) -> None: ...
+
+    def put(self, obj: Mapping[str, Any]) -> None: ...
+
+    def drop(self, name: str) -> None: ...
 
 
 def _rv(obj: Mapping[str, Any]) -> str:
@@ -65,8 +78,9 @@ class NodeCache:
 
     def __init__(self, lister: Lister, watcher: Watcher, *, resync_s: float = 300.0, watch_timeout_s: float = 60.0,
                  stale_after_s: float = 30.0, clock: Callable[[], float] = time.monotonic,
-                 transform: Transform = dict) -> None:
+                 transform: Transform = dict, index: NodeIndex | None = None) -> None:
         self._list = lister
+        self.index = index  # kept with the store: reset after each list, told of each change
         self._transform = transform  # what is stored of each object (client-go's SetTransform); a copy
         self._watch = watcher
         self.resync_s = resync_s
@@ -121,7 +135,9 @@ class NodeCache:
         with self._lock:
             held = self._nodes.get(str(name))
             if held is None or newer(_rv(obj), _rv(held)):
-                self._nodes[str(name)] = self._transform(obj)
+                stored = self._nodes[str(name)] = self._transform(obj)
+                if self.index is not None:
+                    self.index.put(stored)
 
     # --- the loop --------------------------------------------------------------------------------------
 
@@ -141,6 +157,8 @@ class NodeCache:
     def _relist(self) -> None:
         items, rv = self._list(self._transform)
         fresh = {str(o["metadata"]["name"]): o for o in items if (o.get("metadata") or {}).get("name")}
+        if self.index is not None:  # like the store, it may miss a write of ours made meanwhile: the watch has it
+            self.index.reset(fresh.values())
         with self._lock:
             self._nodes = fresh
             self._rv = rv
@@ -164,10 +182,14 @@ class NodeCache:
                 pass
             elif kind == "DELETED":
                 self._nodes.pop(name, None)
+                if self.index is not None:
+                    self.index.drop(name)
             elif kind in ("ADDED", "MODIFIED") and name:
                 held = self._nodes.get(name)
                 if held is None or newer(rv, _rv(held)):
-                    self._nodes[name] = self._transform(obj)
+                    stored = self._nodes[name] = self._transform(obj)
+                    if self.index is not None:
+                        self.index.put(stored)
             else:
                 return False
             if rv:

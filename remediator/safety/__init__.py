@@ -15,7 +15,7 @@ name) and in ``remediator.safety.guards``; ``remediator.safety.lock`` is the loc
 """
 
 from remediator.safety.attempts import Attempt, AttemptLog
-from remediator.safety.gate import Facts, Gate, GateResult, PoolCache
+from remediator.safety.gate import Facts, Gate, GateResult
 from remediator.safety.guards import (
     ALWAYS_ON,
     GUARD_NAMES,
@@ -37,6 +37,6 @@ from remediator.safety.lock import Lease, LockHeld, LockLost, NodeLocks
 __all__ = [
     "ALWAYS_ON", "GUARDS", "GUARD_NAMES", "Attempt", "AttemptLog", "BreakerState", "Effect", "Facts", "Gate",
     "GateResult", "Guard", "GuardVerdict", "Lease", "Ledger", "LedgerStore", "LockHeld", "LockLost", "NodeLocks",
-    "PoolCache", "PoolUsage", "Quarantine", "SafetyPolicy", "SafetySnapshot", "blocking", "evaluate",
+    "PoolUsage", "Quarantine", "SafetyPolicy", "SafetySnapshot", "blocking", "evaluate",
     "reservation_key", "shadow",
 ]

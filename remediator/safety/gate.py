@@ -11,8 +11,7 @@ won, and then records the attempt. Auditing the verdicts is the caller's (it kno
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -21,6 +20,7 @@ from nats.js.kv import KeyValue
 
 from remediator.contracts import Decision
 from remediator.kv import Entry, json_documents
+from remediator.pools import PoolView
 from remediator.safety.attempts import Attempt, AttemptLog
 from remediator.safety.guards import (
     GUARD_NAMES,
@@ -36,7 +36,7 @@ from remediator.safety.guards import (
 from remediator.safety.ledger import BreakerState, Ledger, LedgerStore
 from remediator.subjects import LEDGER_KEY, approval_key
 
-__all__ = ["Facts", "Gate", "GateResult", "PoolCache", "decide", "pool_usage"]
+__all__ = ["Facts", "Gate", "GateResult", "decide", "pool_usage"]
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,9 @@ class Facts:
     """What the guards need besides the ledger, read once per evaluation by the executor.
 
     ``node``: the node as the Kubernetes adapter returns it (``labels``, ``pool``, ``gpus``); ``pool_nodes``:
-    the GPU nodes of its pool (``name``, ``gpus``, ``unschedulable``, ``taints``), only when the budget
-    applies; ``lock_holder``: who holds the node lock now (``me`` when this run does).
+    its pool, only when the budget applies: a ``PoolView`` (the adapter's, kept by its node watch) or the
+    pool's GPU node summaries (``name``, ``gpus``, ``gpus_allocatable``, ``unschedulable``, ``taints``);
+    ``lock_holder``: who holds the node lock now (``me`` when this run does).
     """
 
     node: Mapping[str, Any]
@@ -55,7 +56,7 @@ class Facts:
     lock_holder: str | None
     taint_key: str
     attempts: tuple[Attempt, ...] = ()
-    pool_nodes: Sequence[Mapping[str, Any]] | None = None
+    pool_nodes: PoolView | Sequence[Mapping[str, Any]] | None = None
     attempts_revision: int | None = None  # the revision ``attempts`` were read at, when read for this decision
 
 
@@ -80,15 +81,20 @@ def pool_usage(facts: Facts, ledger: Ledger) -> PoolUsage | None:
     """The node's pool as the budget guard sees it: nodes out (cordoned or carrying our taint, as Kubernetes
     shows them, or reserved by a running node playbook, or handed over and not yet settled) and GPUs isolated
     on their own (on each node in service, the GPUs missing from ``allocatable`` or reserved or handed over
-    by GPU playbooks, whichever is more)."""
+    by GPU playbooks, whichever is more). Reads the pool's notable nodes and the ledger's entries of the
+    pool, never every node of it (``remediator.pools``)."""
     if facts.pool_nodes is None:
         return None
     pool = str(facts.node.get("pool") or "default")
-    gpus_of = {str(n["name"]): int(n.get("gpus") or 0) for n in facts.pool_nodes}
-    out = {str(n["name"]) for n in facts.pool_nodes
+    view = facts.pool_nodes
+    if not isinstance(view, PoolView):
+        view = PoolView.of(pool, view, facts.taint_key)
+    if view.taint_key != facts.taint_key:
+        raise ValueError(f"the pool view counts taint {view.taint_key!r}, the guard {facts.taint_key!r}")
+    out = {str(n["name"]) for n in view.notable
            if n.get("unschedulable") or any(t.get("key") == facts.taint_key for t in n.get("taints") or [])}
     # Handovers count as out too until the reconciler settles them: the cluster view may be a few seconds
-    # old (PoolCache), and a run that just ended must not leave a gap in which its target is not counted.
+    # old, and a run that just ended must not leave a gap in which its target is not counted.
     running = [r for r in (*ledger.reservations.values(), *ledger.handovers.values()) if r.get("pool") == pool]
     reserved = {str(r["node"]) for r in running if r.get("kind") == "node"}
     nodes_out = out | reserved
@@ -97,7 +103,8 @@ def pool_usage(facts: Facts, ledger: Ledger) -> PoolUsage | None:
         if r.get("kind") == "gpu":
             reserved_gpus[str(r["node"])] = reserved_gpus.get(str(r["node"]), 0) + 1
     isolated = 0
-    for n in facts.pool_nodes:
+    counted: set[str] = set()
+    for n in view.notable:  # a node that is not notable has every GPU allocatable: only reservations count
         name = str(n["name"])
         if name in nodes_out:
             continue
@@ -105,8 +112,10 @@ def pool_usage(facts: Facts, ledger: Ledger) -> PoolUsage | None:
         allocatable = n.get("gpus_allocatable")
         missing = max(0, gpus - int(allocatable)) if allocatable is not None else 0
         isolated += max(missing, reserved_gpus.get(name, 0))
-    isolated += sum(c for name, c in reserved_gpus.items() if name not in gpus_of and name not in nodes_out)
-    return PoolUsage(pool, len(facts.pool_nodes), sum(gpus_of.values()), frozenset(nodes_out),
+        counted.add(name)
+    isolated += sum(c for name, c in reserved_gpus.items() if name not in counted and name not in nodes_out)
+    gpus_of = view.gpus_of
+    return PoolUsage(pool, view.nodes, view.gpus, frozenset(nodes_out),
                      sum(gpus_of.get(n, 0) for n in nodes_out) + isolated, int(facts.node.get("gpus") or 0),
                      isolated)
 
@@ -132,30 +141,6 @@ def decide(d: Decision, policy: SafetyPolicy, facts: Facts, ledger: Ledger,
         if "breaker" in policy.enabled:
             new = replace(new, breaker=new.breaker.with_quarantine(d.incident_id, now, policy.breaker_window_s))
     return new, GateResult(verdicts, new.holds(d), tripped)
-
-
-class PoolCache:
-    """A pool's GPU nodes, listed through ``list_nodes`` at most once per ``ttl_s`` however many runs ask.
-
-    Staleness only hides nodes someone else took out in the last seconds: nodes this service takes out are
-    counted from the ledger's reservations, which are written by compare-and-set.
-    """
-
-    def __init__(self, list_nodes: Callable[[str], Awaitable[list[dict[str, Any]]]], ttl_s: float = 2.0) -> None:
-        self._list = list_nodes
-        self._ttl_s = ttl_s
-        self._cache: dict[str, tuple[float, list[dict[str, Any]]]] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
-
-    async def nodes(self, pool: str) -> list[dict[str, Any]]:
-        loop = asyncio.get_running_loop()
-        async with self._locks.setdefault(pool, asyncio.Lock()):
-            cached = self._cache.get(pool)
-            if cached is not None and loop.time() - cached[0] < self._ttl_s:
-                return cached[1]
-            nodes = await self._list(pool)
-            self._cache[pool] = (loop.time(), nodes)
-            return nodes
 
 
 class Gate:

@@ -124,3 +124,24 @@ async def test_the_async_port_reads_a_cached_node_on_the_loop_without_a_thread(k
     kube.node_cache.stop()  # type: ignore[union-attr]
     assert kube.cached_node("gpu-node-2") is None  # not synced: only the API server may answer
     port._pool.shutdown(wait=False)
+
+
+def test_the_pool_view_comes_from_the_watch_without_a_list_per_decision(kube: KubeAdapter,
+                                                                         cluster: ClusterState) -> None:
+    assert kube.cached_pool_view("pool-a") is None  # no cache yet: the view is a list of the pool's nodes
+    listed = kube.pool_view("pool-a")
+    assert (listed.nodes, listed.notable) == (6, ())
+    assert kube.start_node_cache(watch_timeout_s=5).wait_synced(10)
+    lists = cluster.count("list", "nodes")
+    cluster.patch("nodes", "gpu-node-2", {"spec": {"unschedulable": True}})  # someone else's cordon
+    _until(lambda: [n["name"] for n in kube.pool_view("pool-a").notable] == ["gpu-node-2"],
+           "the watch never brought the cordon to the pool view")
+    kube.quarantine("gpu-node-4", TAINT_KEY, "gpu-lost")  # ours: in the view at once, from the PATCH's answer
+    view = kube.pool_view("pool-a")
+    assert sorted(n["name"] for n in view.notable) == ["gpu-node-2", "gpu-node-4"]
+    assert (view.nodes, view.gpus) == (6, sum(kube.get_node(f"gpu-node-{i}")["gpus"] for i in range(6)))
+    cluster.patch("nodes", "gpu-node-2", {"metadata": {"labels": {"gpu-remediator.io/pool": "pool-z"}}})
+    _until(lambda: kube.pool_view("pool-a").nodes == 5 and kube.pool_view("pool-z").nodes == 1,
+           "the watch never moved the node to its new pool")
+    assert [n["name"] for n in kube.pool_view("pool-a").notable] == ["gpu-node-4"]
+    assert cluster.count("list", "nodes") == lists  # every view above came from memory
