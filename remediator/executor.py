@@ -95,7 +95,6 @@ log = logging.getLogger(__name__)
 __all__ = ["Executor", "LockLost", "RunResult", "StepAction", "next_step"]
 
 
-
 class _Cancelled(Exception):
     """A person overrode our workflow on the node (removed our taint or cordon)."""
 

@@ -8,8 +8,8 @@ of the API server. An ``index`` (``NodeIndex``: the adapter's ``pool_index``) is
 after every list and told of every object stored or dropped. Mutations still read and write with optimistic
 concurrency: the first attempt patches on the cached ``resourceVersion``; a 409 (the cache was behind)
 re-reads the node from the API server. The object a successful write returns is stored at once (client-go's
-mutation cache), so the next read sees our own write before its
-watch event arrives.
+mutation cache), so the next read sees our own write before its watch
+event arrives.
 
 The loop, as client-go's reflector runs it:
 

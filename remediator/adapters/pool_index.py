@@ -1,8 +1,8 @@
 """The pool index: what the budget guard reads of each node pool, kept up to date by the node cache.
 
 Where it sits: inside the Kubernetes adapter, beside ``remediator.adapters.nodecache``. The node cache calls
-``reset`` after each list and ``put``/``drop`` for each stored change (watch events and our own writes),
-under its lock; ``KubeAdapter.pool_view`` answers from ``view``. A view costs the pool's notable nodes
+``reset`` after each list and ``put``/``drop`` (under its lock) for each stored change: watch events and our
+own writes; ``KubeAdapter.pool_view`` answers from ``view``. A view costs the pool's notable nodes
 (cordoned, our taint, GPUs not allocatable: ``remediator.pools``), not its size, so a decision at
 100,000 nodes no longer summarises and walks every node of its pool.
 
@@ -29,6 +29,10 @@ _KEPT = ("name", "gpus", "gpus_allocatable", "unschedulable", "taints")
 
 def _name(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("name") or "")
+
+
+def _kept(summary: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: summary.get(k) for k in _KEPT}
 
 
 @dataclass
@@ -63,7 +67,7 @@ class PoolIndex:
             tally.gpus_of[name] = int(s.get("gpus") or 0)
             tally.gpus += tally.gpus_of[name]
             if is_notable(s, self.taint_key):
-                tally.notable[name] = {k: s.get(k) for k in _KEPT}
+                tally.notable[name] = _kept(s)
             pool_of[name] = pool
         with self._lock:
             self._pools, self._pool_of = pools, pool_of
@@ -88,7 +92,7 @@ class PoolIndex:
                 tally.gpus += gpus - (held or 0)
             self._pool_of[name] = pool
             if is_notable(s, self.taint_key):
-                tally.notable[name] = {k: s.get(k) for k in _KEPT}
+                tally.notable[name] = _kept(s)
             else:
                 tally.notable.pop(name, None)
 

@@ -7,6 +7,7 @@ keeps its resourceVersion precondition and a conflict re-reads from the API serv
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 
 from chaos.sim import ClusterState, KubeApiServer, seed_cluster
-from remediator.adapters.kube import KubeAdapter
+from remediator.adapters.kube import AsyncKube, KubeAdapter
 from remediator.adapters.nodecache import NodeCache
 
 TAINT_KEY = "gpu-remediator/quarantine"
@@ -145,3 +146,17 @@ def test_the_pool_view_comes_from_the_watch_without_a_list_per_decision(kube: Ku
            "the watch never moved the node to its new pool")
     assert [n["name"] for n in kube.pool_view("pool-a").notable] == ["gpu-node-4"]
     assert cluster.count("list", "nodes") == lists  # every view above came from memory
+
+
+def test_without_a_synced_cache_one_list_of_the_pool_serves_every_run_that_asks(kube: KubeAdapter,
+                                                                                cluster: ClusterState) -> None:
+    port = AsyncKube(kube, max_workers=4)
+
+    async def ask() -> list[int]:
+        views = await asyncio.gather(*(port.pool_view("pool-a") for _ in range(8)))
+        again = await port.pool_view("pool-a")  # within POOL_LIST_TTL_S: the same list
+        return [v.nodes for v in (*views, again)]
+
+    lists = cluster.count("list", "nodes")
+    assert asyncio.run(ask()) == [6] * 9
+    assert cluster.count("list", "nodes") == lists + 2  # one list of the nodes, in two pages of 4
