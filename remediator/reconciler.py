@@ -12,11 +12,16 @@ what only the cluster can tell, and what a run that died never settled:
 * an **open incident** in a node's history is closed when the node was deleted (periodic resync only).
 
 ``plan`` is pure: from the ledger, the runs and the nodes it returns the ``Settlement``s. ``Reconciler.run``
-drives it from a watch on nodes through the Kubernetes port (``wait_node_change``: the first change after a
-resourceVersion; then a fresh read of the nodes the ledger names) plus a full resync every
-``reconcile_resync_s``. Each settlement is a compare-and-set removal that is a no-op when already done, and is
-audited only by the replica whose removal changed the ledger, so two replicas reconciling at once are
-harmless: no lock is needed.
+drives it from node changes through the Kubernetes port (``wait_node_change``: the first change after a
+token to one of the nodes the ledger named at the last pass; then a fresh read of those nodes) plus a full
+resync every ``reconcile_resync_s``. With the adapter's node cache synced (``serve``) the wait is on the
+cache and sends no request, and changes to other nodes (a large cluster's status updates, hundreds a
+second) wake nothing; without it each wait is one watch request, woken by any node. A handover recorded
+after a pass read the ledger is seen at the next pass, at the latest ``reconcile_watch_s`` later.
+
+Each settlement is a compare-and-set removal that is a no-op when already done, and is audited only by the
+replica whose removal changed the ledger, so two replicas reconciling at once are harmless: no lock is
+needed.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, Protocol
@@ -51,9 +56,10 @@ class NodeSource(Protocol):
 
     async def find_node(self, name: str) -> dict[str, Any] | None: ...
 
-    async def list_gpu_nodes(self, pool: str | None = ...) -> list[dict[str, Any]]: ...
+    async def node_names(self) -> frozenset[str]: ...
 
-    async def wait_node_change(self, resource_version: str | None, timeout_s: float) -> str | None: ...
+    async def wait_node_change(self, resource_version: str | None, timeout_s: float,
+                               names: Collection[str] | None = ...) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -135,6 +141,8 @@ class Reconciler:
         self.watch_timeout_s = watch_timeout_s
         self.clock = clock
         self.settled: list[Settlement] = []
+        self.passes = 0  # how many times ``reconcile`` ran
+        self.watched: frozenset[str] = frozenset()  # the nodes the ledger named at the last pass
 
     async def _nodes(self, names: Sequence[str]) -> dict[str, dict[str, Any] | None]:
         return {n: await self.kube.find_node(n) for n in sorted(set(names))}
@@ -143,8 +151,10 @@ class Reconciler:
         """One pass: read the ledger, the runs of its reservations and the nodes it names, settle what
         ``plan`` says (each audited once); with ``incidents``, also close the open incidents of deleted
         nodes. Returns what this replica settled."""
+        self.passes += 1
         ledger = await self.ledger.read()
         names = [str(e.get("node")) for e in (*ledger.handovers.values(), *ledger.reservations.values())]
+        self.watched = frozenset(names)
         nodes = await self._nodes(names)
         runs = {str(r.get("incident")): (await self.runs.get(str(r.get("incident"))))[0]
                 for r in ledger.reservations.values()}
@@ -177,7 +187,7 @@ class Reconciler:
             keys = [k for k in await self._kv.keys() if k.startswith("node.")]
         except NoKeysError:
             return []
-        present = {str(n.get("name")) for n in await self.kube.list_gpu_nodes()}
+        present = await self.kube.node_names()
         done: list[Settlement] = []
         for key in keys:
             name = key.split(".", 1)[1].replace("_", ".")
@@ -200,25 +210,26 @@ class Reconciler:
         return done
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Reconcile at start, after every node change the watch reports, and every ``resync_s`` (with the
-        open incidents then), until ``stop`` is set. Errors (the bus, Kubernetes) are logged and retried on
-        the next turn; they never end the loop."""
+        """Reconcile at start, after every change to a node the last pass watched, and every ``resync_s``
+        (with the open incidents then), until ``stop`` is set. The token to wait from is taken before the
+        pass reads the nodes, so a change made during a pass wakes the next one. Errors (the bus,
+        Kubernetes) are logged and retried on the next turn; they never end the loop."""
         loop = asyncio.get_running_loop()
         rv: str | None = None
         next_resync = 0.0
         while not stop.is_set():
             try:
+                if rv is None:
+                    rv = await self.kube.wait_node_change(None, self.watch_timeout_s)
                 full = loop.time() >= next_resync
                 await self.reconcile(incidents=full)
                 if full:
                     next_resync = loop.time() + self.resync_s
                 wait = max(1.0, min(self.watch_timeout_s, next_resync - loop.time()))
-                if rv is None:
-                    rv = await self.kube.wait_node_change(None, wait)
                 if rv is None:  # no watch to be had: poll at the resync interval
                     await _sleep_or_stop(stop, wait)
                     continue
-                watch = asyncio.ensure_future(self.kube.wait_node_change(rv, wait))
+                watch = asyncio.ensure_future(self.kube.wait_node_change(rv, wait, self.watched))
                 stopped = asyncio.ensure_future(stop.wait())
                 await asyncio.wait({watch, stopped}, return_when=asyncio.FIRST_COMPLETED)
                 stopped.cancel()

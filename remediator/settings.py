@@ -523,10 +523,11 @@ class Settings(BaseSettings):
     reconcile_resync_s: float = _in(
         "safety", default=30.0, gt=0,
         description="Full resync of the reconciler (handovers, reservations, incidents of deleted nodes); between "
-                    "resyncs it settles within seconds of each node change its watch reports.",
+                    "resyncs it settles within seconds of each change to a node its ledger names.",
     )
     reconcile_watch_s: float = _in(
-        "safety", default=10.0, gt=0, description="Longest single node watch of the reconciler (then it re-watches).",
+        "safety", default=10.0, gt=0,
+        description="Longest single wait of the reconciler for a node change (then it reconciles and waits again).",
     )
 
     # --- executor ---------------------------------------------------------------------------------------

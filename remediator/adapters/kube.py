@@ -63,7 +63,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -109,6 +109,9 @@ _T = TypeVar("_T")
 
 # While the node cache is not synced, how long one list of a pool serves the budget guard of every run
 POOL_LIST_TTL_S: Final = 2.0
+# The prefix of the tokens ``wait_node_change`` hands out while it waits on the node cache (a resourceVersion
+# otherwise)
+_CACHE_TOKEN: Final = "cache:"
 
 # --- names on the wire ------------------------------------------------------------------------------
 
@@ -804,12 +807,32 @@ class KubeAdapter:
         cached = self.cached_pool_view(pool)
         return cached if cached is not None else PoolView.of(pool, self.list_gpu_nodes(pool), self.taint_key)
 
-    def wait_node_change(self, resource_version: str | None, timeout_s: float) -> str | None:
-        """Block until a node changes after ``resource_version`` (one ``watch`` request on nodes, ended at its
-        first event) or ``timeout_s`` passes; returns the resourceVersion to watch from next. ``None`` in:
-        the current one, at once (list, then watch). ``None`` out: the watch could not continue (410 Gone,
-        an error event, a broken stream): list again. Used by ``remediator.reconciler``, which re-reads the
-        nodes it cares about after each change (list-then-watch with a periodic resync, as client-go does)."""
+    def node_names(self) -> frozenset[str]:
+        """The names of every node of the cluster: the node cache's when it is synced, else one list."""
+        cache = self.node_cache
+        if cache is not None and cache.synced:
+            return cache.names()
+        return frozenset(str(_meta(n).get("name")) for n in self._list("/api/v1/nodes", kind="NodeList"))
+
+    def wait_node_change(self, resource_version: str | None, timeout_s: float,
+                         names: Collection[str] | None = None) -> str | None:
+        """Block until a node changes after ``resource_version`` or ``timeout_s`` passes; returns the token to
+        wait from next. ``None`` in: the current one, at once. ``None`` out: the watch could not continue
+        (410 Gone, an error event, a broken stream): start again from ``None``. Used by
+        ``remediator.reconciler``, which re-reads the nodes it cares about after each change.
+
+        With the node cache synced it waits on the cache (``NodeCache.wait_changed``: tokens ``cache:N``), for a
+        change to one of ``names`` (any node: ``None``), and sends no request. Without it, one ``watch``
+        request on nodes, ended at its first event on any node (``names`` cannot narrow it); a token of the
+        other kind is answered at once with a current one of this kind."""
+        cache = self.node_cache
+        if cache is not None and cache.synced:
+            if resource_version is None or not resource_version.startswith(_CACHE_TOKEN):
+                return f"{_CACHE_TOKEN}{cache.generation}"
+            after = int(resource_version.removeprefix(_CACHE_TOKEN))
+            return f"{_CACHE_TOKEN}{cache.wait_changed(after, names, timeout_s)}"
+        if resource_version is not None and resource_version.startswith(_CACHE_TOKEN):
+            resource_version = None
         if resource_version is None:
             page = self._request("GET", "/api/v1/nodes", query={"limit": 1}, kind="NodeList")
             return str(_meta(page).get("resourceVersion") or "") or None
@@ -2034,10 +2057,17 @@ class AsyncKube:
                 listed = self._pool_lists[pool] = (loop.time(), await self._call(self.sync.pool_view, pool))
             return listed[1]
 
-    async def wait_node_change(self, resource_version: str | None, timeout_s: float) -> str | None:
-        """``KubeAdapter.wait_node_change`` on a daemon thread of its own (a watch holds it for up to
-        ``timeout_s``): the port's pool stays free for the steps, and a process that stops never waits for a
-        watch to time out."""
+    async def node_names(self) -> frozenset[str]:
+        cache = self.sync.node_cache
+        if cache is not None and cache.synced:  # memory only: no thread hop
+            return cache.names()
+        return await self._call(self.sync.node_names)
+
+    async def wait_node_change(self, resource_version: str | None, timeout_s: float,
+                               names: Collection[str] | None = None) -> str | None:
+        """``KubeAdapter.wait_node_change`` on a daemon thread of its own (a watch, or a wait on the node
+        cache, holds it for up to ``timeout_s``): the port's pool stays free for the steps, and a process that
+        stops never waits for a watch to time out."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[str | None] = loop.create_future()
 
@@ -2051,7 +2081,7 @@ class AsyncKube:
 
         def work() -> None:
             try:
-                value, error = self.sync.wait_node_change(resource_version, timeout_s), None
+                value, error = self.sync.wait_node_change(resource_version, timeout_s, names), None
             except Exception as e:
                 value, error = None, e
             with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits for this watch any more

@@ -21,6 +21,13 @@ The loop, as client-go's reflector runs it:
    stream means **list again** (after a short, growing pause when the server keeps failing);
 4. a full **resync** (list again) every ``resync_s`` whatever happened, so a missed event cannot live on.
 
+**Changes** are numbered (``generation``): every node stored or dropped, and every list (after which any node
+may have changed), moves it on. ``wait_changed`` blocks until a change after a given generation touches one
+of a set of names, so a reader that cares about a few nodes (the reconciler: the ones its ledger names)
+wakes for those alone, however busy the rest of the cluster is, and sends no request of its own. The last
+``CHANGE_LOG`` changes are kept by name; a wait whose generation is older than that is answered at once,
+as if its nodes had changed (the reader re-reads them: never a change missed).
+
 ``synced`` is true from the first successful list until the loop stops or fails for longer than
 ``stale_after_s``; while it is false the adapter reads the API server as before, so a cache that cannot
 keep up never serves stale data for long. A node the cache does not hold is read from the API server too
@@ -32,18 +39,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections import deque
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Lister", "NodeCache", "NodeIndex", "Transform", "Watcher", "newer"]
+__all__ = ["CHANGE_LOG", "Lister", "NodeCache", "NodeIndex", "Transform", "Watcher", "newer"]
 
 Transform = Callable[[Mapping[str, Any]], dict[str, Any]]
 # Every node, each passed through the transform as it arrives (a page at a time: a large cluster's raw list is
 # never held whole), and the list's resourceVersion.
 Lister = Callable[[Transform], tuple[list[dict[str, Any]], str]]
 Watcher = Callable[[str, float], Iterator[dict[str, Any]]]
+CHANGE_LOG = 4096  # the changes kept by name for ``wait_changed``; older waits are answered at once
 
 
 class NodeIndex(Protocol):
@@ -88,6 +97,10 @@ class NodeCache:
         self.stale_after_s = stale_after_s
         self._clock = clock
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # notified under the store's lock at each change
+        self._generation = 0
+        self._recent: deque[tuple[int, str]] = deque(maxlen=CHANGE_LOG)  # (generation, name), oldest first
+        self._forgotten = 0  # the generation of the newest change dropped from ``_recent``, or of the last list
         self._nodes: dict[str, dict[str, Any]] = {}
         self._rv = ""
         self._listed_at: float | None = None
@@ -127,6 +140,46 @@ class NodeCache:
     def resource_version(self) -> str:
         return self._rv
 
+    @property
+    def generation(self) -> int:
+        """How many changes the store has seen (see "Changes" above): the token ``wait_changed`` takes."""
+        return self._generation
+
+    def names(self) -> frozenset[str]:
+        """The names of every node held."""
+        with self._lock:
+            return frozenset(self._nodes)
+
+    def wait_changed(self, after: int, names: Collection[str] | None, timeout_s: float) -> int:
+        """Block until a change after generation ``after`` touches one of ``names`` (any node: ``None``), or
+        ``timeout_s`` passes; returns the generation to wait from next. A list after ``after``, or changes
+        too old to be told apart (``CHANGE_LOG``), count as a change to every node."""
+        wanted = None if names is None else frozenset(names)
+        deadline = time.monotonic() + timeout_s  # a real wait, whatever clock judges staleness
+        seen = after
+        with self._changed:
+            while True:
+                if self._forgotten > seen or self._generation < after:  # (a lower one: not this store's token)
+                    return self._generation
+                for gen, name in reversed(self._recent):
+                    if gen <= seen:
+                        break
+                    if wanted is None or name in wanted:
+                        return self._generation
+                seen = self._generation
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stop.is_set():
+                    return seen
+                self._changed.wait(min(left, 1.0))
+
+    def _note_change(self, name: str) -> None:
+        """Number a change to ``name`` and wake the waiters (the caller holds the store's lock)."""
+        self._generation += 1
+        if len(self._recent) == self._recent.maxlen:
+            self._forgotten = self._recent[0][0]
+        self._recent.append((self._generation, name))
+        self._changed.notify_all()
+
     def observe(self, obj: Mapping[str, Any]) -> None:
         """Store ``obj`` (what a write of ours returned) when it is newer than what the cache holds."""
         name = (obj.get("metadata") or {}).get("name")
@@ -138,6 +191,7 @@ class NodeCache:
                 stored = self._nodes[str(name)] = self._transform(obj)
                 if self.index is not None:
                     self.index.put(stored)
+                self._note_change(str(name))
 
     # --- the loop --------------------------------------------------------------------------------------
 
@@ -151,6 +205,8 @@ class NodeCache:
         """Stop the loop (an open watch ends at its timeout at the latest; the thread is a daemon)."""
         self._stop.set()
         self._synced.clear()
+        with self._changed:
+            self._changed.notify_all()
         if self._thread is not None:
             self._thread.join(timeout_s)
 
@@ -162,6 +218,9 @@ class NodeCache:
         with self._lock:
             self._nodes = fresh
             self._rv = rv
+            self._generation += 1
+            self._forgotten = self._generation  # any node may have changed: every wait from before wakes
+            self._changed.notify_all()
         self.lists += 1
         self._listed_at = self._clock()
         self._failing_since = None
@@ -181,7 +240,8 @@ class NodeCache:
             if kind == "BOOKMARK":
                 pass
             elif kind == "DELETED":
-                self._nodes.pop(name, None)
+                if self._nodes.pop(name, None) is not None:
+                    self._note_change(name)
                 if self.index is not None:
                     self.index.drop(name)
             elif kind in ("ADDED", "MODIFIED") and name:
@@ -190,6 +250,7 @@ class NodeCache:
                     stored = self._nodes[name] = self._transform(obj)
                     if self.index is not None:
                         self.index.put(stored)
+                    self._note_change(name)
             else:
                 return False
             if rv:

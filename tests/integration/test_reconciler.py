@@ -4,6 +4,8 @@ handover, its reservation and its open incident; two replicas reconciling at onc
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -49,3 +51,59 @@ async def test_a_deleted_node_settles_its_handover_reservation_and_incident_once
         history, _ = await StateStore(kv).get(node_key("gpu-node-1"))
         assert history.incidents == ()
         assert reservation_key(stuck) not in led.reservations
+
+
+async def _until(cond: Callable[[], Awaitable[bool]], what: str) -> None:
+    deadline = time.monotonic() + 20
+    while not await cond():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.05)
+
+
+async def test_with_the_node_cache_only_the_nodes_the_ledger_names_wake_it_and_it_sends_no_watch(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """A large cluster changes its nodes all the time (status updates: hundreds a second at 100,000 nodes). The
+    reconciler must not wake, read the ledger and open a watch request (one limiter token each) for every
+    one of them: with the node cache it waits on memory for the nodes its ledger names."""
+    async with rig(nats_server.url, tmp_path, nodes=6) as r:
+        kube = r.executor.kube
+        assert await kube.start(wait_s=10)
+        assert (await r.executor.execute(decision("gpu-node-1", "gpu-lost", incident="inc-esc"))).outcome == \
+            "escalated"
+        kv = await r.js.key_value(STATE_BUCKET)
+        store = LedgerStore(kv)
+        rec = Reconciler(kv, kube, r.audit, taint_key=r.settings.taint_key,  # type: ignore[arg-type]
+                         resync_s=600.0, watch_timeout_s=600.0)
+        stop = asyncio.Event()
+        task = asyncio.create_task(rec.run(stop))
+        try:
+            async def watching() -> bool:
+                return rec.passes >= 1 and rec.watched == {"gpu-node-1"}
+            await _until(watching, "the first pass")
+            passes, watches = rec.passes, r.sim.count("watch", "nodes")
+            cache = r.kube.node_cache
+            assert cache is not None
+            before = cache.generation
+            for i in range(60):  # someone else's changes to the other nodes
+                r.sim.patch("nodes", f"gpu-node-{2 + i % 4}", {"metadata": {"labels": {"heartbeat": str(i)}}})
+
+            async def seen() -> bool:
+                return cache.generation >= before + 60
+            await _until(seen, "the cache saw the changes")
+            await asyncio.sleep(0.3)
+            assert rec.passes == passes
+            assert r.sim.count("watch", "nodes") <= watches + 1  # the cache's own watch, re-opened at most once
+
+            r.kube.untaint("gpu-node-1", r.settings.taint_key)  # a person repairs the node
+            r.kube.uncordon("gpu-node-1")
+
+            async def settled() -> bool:
+                return not (await store.read()).handovers
+            await _until(settled, "the repair settled the handover")
+            assert passes < rec.passes <= passes + 3
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+        trail = [x for x in await r.audit_records("gpu-node-1") if x.what == "settled"]
+        assert [x.incident for x in trail] == ["inc-esc"]

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from remediator.adapters.nodecache import NodeCache, newer
+from remediator.adapters.nodecache import CHANGE_LOG, NodeCache, newer
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -173,3 +173,81 @@ def test_the_adapter_caches_only_what_it_reads_of_a_node_and_reads_the_same() ->
         assert "images" not in (cache.get("gpu-1") or {})["status"]
     finally:
         cache.stop()
+
+
+def _waiting(cache: NodeCache, after: int, names: set[str] | None) -> tuple[threading.Thread, list[int]]:
+    got: list[int] = []
+    t = threading.Thread(target=lambda: got.append(cache.wait_changed(after, names, 20.0)), daemon=True)
+    t.start()
+    return t, got
+
+
+def test_a_wait_for_some_nodes_wakes_for_a_change_to_them_and_not_for_others() -> None:
+    api = ScriptedApi()
+    cache = NodeCache(api.lister, api.watcher).start()
+    try:
+        assert cache.wait_synced(5)
+        t, got = _waiting(cache, cache.generation, {"a"})
+        for rv in range(10, 60):
+            cache.observe(node("b", rv))  # someone else's node, fifty times
+        t.join(0.3)
+        assert t.is_alive() and not got  # still waiting
+        cache.observe(node("a", 100, unschedulable=True))
+        t.join(5)
+        assert got == [cache.generation]
+        stale = cache.generation
+        cache.observe(node("a", 99))  # older than what is held: not a change
+        assert cache.generation == stale
+    finally:
+        cache.stop()
+
+
+def test_a_change_made_before_the_wait_starts_is_not_missed() -> None:
+    api = ScriptedApi()
+    cache = NodeCache(api.lister, api.watcher).start()
+    try:
+        assert cache.wait_synced(5)
+        token = cache.generation  # taken before the reader looked at "a"
+        cache.observe(node("a", 10))
+        started = time.monotonic()
+        assert cache.wait_changed(token, {"a"}, 20.0) == cache.generation
+        assert time.monotonic() - started < 10  # answered at once, not at the timeout
+        assert cache.wait_changed(cache.generation, {"a"}, 0.1) == cache.generation  # nothing since: times out
+    finally:
+        cache.stop()
+
+
+def test_a_wait_older_than_the_change_log_or_a_list_wakes_as_if_every_node_changed() -> None:
+    api = ScriptedApi()
+    cache = NodeCache(api.lister, api.watcher, resync_s=3600).start()
+    try:
+        assert cache.wait_synced(5)
+        token = cache.generation
+        for rv in range(10, 10 + CHANGE_LOG + 1):
+            cache.observe(node("b", rv))  # the change log no longer reaches back to the token
+        started = time.monotonic()
+        assert cache.wait_changed(token, {"a"}, 20.0) == cache.generation
+        assert time.monotonic() - started < 10
+    finally:
+        cache.stop()
+
+    api = ScriptedApi()
+    cache = NodeCache(api.lister, api.watcher, resync_s=0.3).start()
+    try:
+        assert cache.wait_synced(5)
+        t, got = _waiting(cache, cache.generation, {"a"})
+        t.join(10)
+        assert got and api.lists >= 2  # the resync's list woke it: a list may carry any change
+    finally:
+        cache.stop()
+
+
+def test_stopping_the_cache_ends_a_wait() -> None:
+    api = ScriptedApi()
+    cache = NodeCache(api.lister, api.watcher).start()
+    assert cache.wait_synced(5)
+    t, got = _waiting(cache, cache.generation, {"a"})
+    t.join(0.1)
+    cache.stop()
+    t.join(5)
+    assert not t.is_alive() and got
