@@ -13,6 +13,16 @@ are the scrape target's, dcgm-exporter's own, and the workload's come as ``expor
 has one (reference/gpu-faults.md §2.6). Such an event's origin loses the pod, namespace, UID and container.
 The agent's events keep theirs: a container log is that pod's, whatever owns it.
 
+**An alert placed on its exporter's pod.** dcgm-exporter names the host from ``NODE_NAME`` when its pod has
+it (the GPU Operator and the exporter's Helm chart set it from ``spec.nodeName``), else from the container's
+hostname, which for a pod without ``hostNetwork`` is the pod's name (the kubelet cuts it to 63 characters
+and trims a trailing ``-``/``.``: ``truncatePodHostnameIfNeeded``). Such an alert's ``Hostname`` names
+no node, and every guard would refuse it (``opt_out``: the node does not exist). When an alert's node is
+the hostname of the scrape target's pod (``scrape_pod``/``scrape_namespace``, else ``pod``/``namespace``:
+``ingest.alerts.event_labels``) and that pod is a DaemonSet's, the event is placed on the node the pod runs
+on, and the label ``node_from_pod`` says so (``namespace/pod``); the alert's own labels stay as they came.
+One GET of the pod, cached as the owners are.
+
 Best effort, cached: an event whose origin already names a job, or names no pod, passes unchanged; an answer
 is kept per (node, namespace, pod) for ``ttl_s`` (a pod's owner does not change while it lives), a pod not
 found for ``miss_ttl_s``. A lookup that fails or takes longer than ``timeout_s`` is logged, not cached, and
@@ -33,7 +43,7 @@ from remediator.contracts import FaultEvent, JobRef
 
 log = logging.getLogger(__name__)
 
-__all__ = ["NODE_DAEMON_KINDS", "JobFinder", "OwnerResolver"]
+__all__ = ["NODE_DAEMON_KINDS", "JobFinder", "OwnerResolver", "pod_hostname"]
 
 # What ``job_of_pod_on_node`` answers for a node daemon's pod (a DaemonSet's, a mirror pod): never a job.
 NODE_DAEMON_KINDS = frozenset({"DaemonSet", "Node"})
@@ -46,6 +56,14 @@ class JobFinder(Protocol):
                        pod_filter: Callable[[dict[str, Any]], bool] | None = None) -> JobRef | None: ...
 
     async def job_of_pod_on_node(self, node: str, namespace: str, name: str) -> JobRef | None: ...
+
+    async def daemon_pod_node(self, namespace: str, name: str) -> str | None: ...
+
+
+def pod_hostname(pod: str) -> str:
+    """The hostname a pod without ``hostNetwork`` gets: its name, cut to 63 characters with a trailing ``-``
+    or ``.`` trimmed (the kubelet's ``truncatePodHostnameIfNeeded``)."""
+    return pod if len(pod) <= 63 else pod[:63].rstrip("-.")
 
 
 class OwnerResolver:
@@ -63,9 +81,12 @@ class OwnerResolver:
         self._clock = clock
         self._quiet_until = float("-inf")
         self._known: OrderedDict[tuple[str, str, str], tuple[str | None, bool, float]] = OrderedDict()
+        self._hosts: OrderedDict[tuple[str, str], tuple[str | None, float]] = OrderedDict()
         self.lookups = 0
 
     async def __call__(self, event: FaultEvent) -> FaultEvent:
+        if event.source == "alertmanager":
+            event = await self._placed(event)
         origin = event.origin
         if origin.job or not origin.pod:
             return event
@@ -79,6 +100,45 @@ class OwnerResolver:
         if job is None:
             return event
         return event.model_copy(update={"origin": origin.model_copy(update={"job": job})})
+
+    async def _placed(self, event: FaultEvent) -> FaultEvent:
+        """``event`` on the node of the exporter pod whose hostname it names (see "An alert placed on its
+        exporter's pod" above); unchanged when its node is not such a pod's hostname or the pod is unknown."""
+        labels = event.labels
+        pod = labels.get("scrape_pod") or labels.get("pod")
+        namespace = labels.get("scrape_namespace") or labels.get("namespace")
+        if not pod or not namespace or event.node != pod_hostname(pod):
+            return event
+        node = await self.node_of(namespace, pod)
+        if node is None or node == event.node:
+            return event
+        log.info("alert %s names %s, the hostname of pod %s/%s: placed on its node %s",
+                 event.origin.fingerprint or event.id, event.node, namespace, pod, node)
+        return event.model_copy(update={"node": node, "labels": {**labels, "node_from_pod": f"{namespace}/{pod}"}})
+
+    async def node_of(self, namespace: str, pod: str) -> str | None:
+        """The node DaemonSet pod ``namespace/pod`` runs on (None: not such a pod, or the API did not answer)."""
+        key = (namespace, pod)
+        now = self._clock()
+        cached = self._hosts.get(key)
+        if cached is not None and cached[1] > now:
+            self._hosts.move_to_end(key)
+            return cached[0]
+        if now < self._quiet_until:
+            return None
+        self.lookups += 1
+        try:
+            node = await asyncio.wait_for(self._kube.daemon_pod_node(namespace, pod), self._timeout_s)
+        except Exception as exc:  # best effort, as for the owners
+            self._quiet_until = now + self._backoff_s
+            log.warning("node of pod %s/%s not resolved (%s); no lookups for %g s", namespace, pod,
+                        exc or type(exc).__name__, self._backoff_s)
+            return None
+        self._hosts[key] = (node, now + (self._ttl_s if node is not None else self._miss_ttl_s))
+        self._hosts.move_to_end(key)
+        while len(self._hosts) > self._size:
+            self._hosts.popitem(last=False)
+        return node
 
     async def owner_of(self, node: str, namespace: str | None, pod: str) -> tuple[str | None, bool]:
         """The name of the controller of ``namespace/pod`` on ``node`` (None: a bare pod, a node daemon's, not

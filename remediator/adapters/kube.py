@@ -1142,6 +1142,16 @@ class KubeAdapter:
             return JobRef("Node", node, summary["namespace"], "v1")
         return self.job_of_pod(summary)
 
+    def daemon_pod_node(self, namespace: str, name: str) -> str | None:
+        """The node pod ``namespace/name`` runs on when it is a DaemonSet's pod (a node daemon: dcgm-exporter),
+        from one GET of the pod; None when there is no such pod, it is not a DaemonSet's, or it is not bound."""
+        try:
+            raw = self.read_pod(namespace, name)
+        except NotFound:
+            return None
+        summary = self._pod_summary(raw)
+        return str(summary["node"]) if summary["daemonset"] and summary["node"] else None
+
     def pods_selecting(self, node: str, label_keys: Sequence[str]) -> list[dict[str, Any]]:
         """The pods on ``node`` whose ``spec.nodeSelector`` names one of ``label_keys`` (the GPU Operator's
         operand DaemonSets select nodes by ``nvidia.com/gpu.deploy.<operand>``, and their pods carry the
@@ -2166,6 +2176,9 @@ class AsyncKube:
 
     async def job_of_pod_on_node(self, node: str, namespace: str, name: str) -> JobRef | None:
         return await self._call(self.sync.job_of_pod_on_node, node, namespace, name)
+
+    async def daemon_pod_node(self, namespace: str, name: str) -> str | None:
+        return await self._call(self.sync.daemon_pod_node, namespace, name)
 
     async def job_pods(self, job: JobRef) -> list[dict[str, Any]]:
         return await self._call(self.sync.job_pods, job)

@@ -102,7 +102,9 @@ def event_labels(alert_labels: dict[str, str]) -> dict[str, str]:
     In an alert, ``job`` is the Prometheus scrape job (``dcgm-exporter``), not the training job that used
     the GPU; the handlers read ``job`` as the workload (three application Xids in three *different* jobs mean
     hardware), so it moves to ``scrape_job``. dcgm-exporter's pod mapping (``exported_pod``/``pod``,
-    ``exported_namespace``/``namespace``) names the workload's pod.
+    ``exported_namespace``/``namespace``) names the workload's pod; where an ``exported_*`` label replaces
+    the scrape target's ``pod``/``namespace`` (the exporter's own pod), those move to ``scrape_pod`` and
+    ``scrape_namespace``, so dispatch can still tell which exporter pod sent it (``remediator.owners``).
     """
     labels = dict(alert_labels)
     if "job" in labels:
@@ -110,6 +112,8 @@ def event_labels(alert_labels: dict[str, str]) -> dict[str, str]:
     for ours, theirs in (("pod", "exported_pod"), ("namespace", "exported_namespace"),
                          ("container", "exported_container")):
         if labels.get(theirs):
+            if ours != "container" and labels.get(ours) and labels[ours] != labels[theirs]:
+                labels[f"scrape_{ours}"] = labels[ours]
             labels[ours] = labels[theirs]
     return labels
 

@@ -83,10 +83,19 @@ receivers:
 
 
 @pytest.mark.timeout(120)
-async def test_xid79_alert_ends_with_node_tainted_and_drained(alertmanager: tuple[str, int], tmp_path: Path) -> None:
+@pytest.mark.parametrize("exporter", ["with-node-name", "without-node-name"])
+async def test_xid79_alert_ends_with_node_tainted_and_drained(alertmanager: tuple[str, int], tmp_path: Path,
+                                                              exporter: str) -> None:
+    """``without-node-name``: dcgm-exporter run without ``NODE_NAME`` calls its host by its pod's hostname, and
+    the ServiceMonitor names that pod in ``pod``/``namespace``; dispatch places the alert on the pod's node."""
     am_url, webhook_port = alertmanager
     state = seed_cluster(nodes=4)
     node = "gpu-node-2"
+    host = {"Hostname": node}
+    if exporter == "without-node-name":
+        pod = next(p["metadata"] for p in state.pods_on(node)
+                   if p["metadata"]["name"].startswith("nvidia-dcgm-exporter"))
+        host = {"Hostname": pod["name"], "pod": pod["name"], "namespace": pod["namespace"]}
     training_before = [p for p in state.pods_on(node) if p["metadata"]["namespace"] not in
                        ("gpu-operator", "gpu-remediator")]
     assert training_before, "the simulator must seed a training pod on every node"
@@ -97,7 +106,7 @@ async def test_xid79_alert_ends_with_node_tainted_and_drained(alertmanager: tupl
         await bus.provision_at(nats_server.url, settings)  # serve verifies a bus it did not start
         async with Service(settings):
             alert = [{
-                "labels": {"alertname": "GPUXidError", "Hostname": node, "gpu": "1", "xid": "79",
+                "labels": {"alertname": "GPUXidError", **host, "gpu": "1", "xid": "79",
                            "UUID": "GPU-11111111-2222-3333-4444-555555555555", "pci_bus_id": "00000000:3B:00.0",
                            "instance": "10.0.0.9:9400", "severity": "critical"},
                 "annotations": {"summary": "Xid 79: GPU has fallen off the bus"},

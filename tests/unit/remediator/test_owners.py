@@ -10,9 +10,10 @@ import pytest
 
 from handlers import default_registry
 from handlers.base import History
-from remediator.contracts import JobRef, Origin, resolve_job
-from remediator.owners import OwnerResolver
-from tests.unit.handlers.helpers import at, ev
+from remediator.contracts import AlertmanagerAlert, FaultEvent, JobRef, Origin, resolve_job
+from remediator.ingest.alerts import alert_to_event
+from remediator.owners import OwnerResolver, pod_hostname
+from tests.unit.handlers.helpers import T0, at, ev
 
 PODS = {
     ("node-1", "gpu-operator", "nvidia-dcgm-exporter-x7k2p"): JobRef("DaemonSet", "nvidia-dcgm-exporter",
@@ -49,6 +50,14 @@ class FakeKube:
         if self.fail:
             raise ConnectionError("API server unreachable")
         return PODS.get((node, namespace, name))
+
+    async def daemon_pod_node(self, namespace: str, name: str) -> str | None:
+        self.calls += 1
+        self.used.append("daemon_pod_node")
+        if self.fail:
+            raise ConnectionError("API server unreachable")
+        return next((n for (n, ns, pod), ref in PODS.items()
+                     if (ns, pod) == (namespace, name) and ref.kind == "DaemonSet"), None)
 
 
 def pod_event(pod: str, **kw: Any):  # type: ignore[no-untyped-def]
@@ -156,3 +165,64 @@ async def test_an_alert_naming_a_node_daemons_pod_names_no_workload() -> None:
     assert out.origin == Origin(fingerprint="fp-1")  # the fingerprint stays; no pod, no job
     agent = ev("xid", 79, origin=exporter)  # a container log of that pod: the agent saw it there
     assert (await OwnerResolver(kube)(agent)).origin == exporter
+
+
+EXPORTER = "nvidia-dcgm-exporter-x7k2p"  # on node-1 (PODS)
+
+
+def exporter_alert(hostname: str = EXPORTER, **labels: str) -> FaultEvent:
+    """An alert through ingest's real mapping, from a dcgm-exporter run without ``NODE_NAME``: its
+    ``Hostname`` is its pod's hostname, and the ServiceMonitor put that pod in ``pod``/``namespace``."""
+    got = alert_to_event(AlertmanagerAlert.model_validate({
+        "status": "firing", "startsAt": "2024-05-01T03:12:00Z", "fingerprint": "fp-9",
+        "labels": {"alertname": "GPUXidError", "xid": "79", "gpu": "0", "Hostname": hostname,
+                   "pod": EXPORTER, "namespace": "gpu-operator", **labels}}), T0)
+    assert got is not None
+    return got
+
+
+async def test_an_alert_named_after_its_exporters_pod_is_placed_on_the_pods_node() -> None:
+    kube = FakeKube()
+    resolve = OwnerResolver(kube)
+    out = await resolve(exporter_alert())
+    assert out.node == "node-1"
+    assert out.labels["node_from_pod"] == f"gpu-operator/{EXPORTER}" and out.labels["Hostname"] == EXPORTER
+    assert out.origin.pod is None  # then the exporter's own pod names no workload, as before
+    assert (await resolve(exporter_alert())).node == "node-1"
+    assert kube.used.count("daemon_pod_node") == 1  # once per pod
+
+
+async def test_with_a_workload_the_exporters_pod_is_the_scrape_pod_and_the_job_is_still_found() -> None:
+    kube = FakeKube()
+    out = await OwnerResolver(kube)(exporter_alert(exported_pod="train-a-0", exported_namespace="ml"))
+    assert out.node == "node-1" and out.labels["scrape_pod"] == EXPORTER
+    assert (out.origin.pod, out.origin.job) == ("train-a-0", "train-a")
+
+
+@pytest.mark.parametrize("event", [
+    pytest.param(exporter_alert(hostname="node-1"), id="hostname-is-the-node"),
+    pytest.param(exporter_alert(hostname="train-a-0", pod="train-a-0", namespace="ml"), id="not-a-daemons-pod"),
+    pytest.param(ev("xid", 79, node=EXPORTER, labels={"pod": EXPORTER, "namespace": "gpu-operator"}),
+                 id="an-agents-event"),
+])
+async def test_only_an_alert_named_after_a_daemonset_pods_hostname_moves(event: FaultEvent) -> None:
+    kube = FakeKube()
+    assert (await OwnerResolver(kube)(event)).node == event.node
+
+
+async def test_a_pods_hostname_is_its_name_cut_as_the_kubelet_cuts_it() -> None:
+    assert pod_hostname("nvidia-dcgm-exporter-x7k2p") == "nvidia-dcgm-exporter-x7k2p"
+    long = "a" * 61 + "-.bcd"
+    assert pod_hostname(long) == "a" * 61
+    assert len(pod_hostname("b" * 80)) == 63
+
+
+async def test_an_unanswered_pod_lookup_leaves_the_alert_where_it_was() -> None:
+    out = await OwnerResolver(FakeKube(fail=True))(exporter_alert())
+    assert out.node == EXPORTER and "node_from_pod" not in out.labels
+
+
+async def test_an_alert_that_names_its_node_costs_no_pod_lookup() -> None:
+    kube = FakeKube()
+    await OwnerResolver(kube)(exporter_alert(hostname="node-1"))
+    assert "daemon_pod_node" not in kube.used
