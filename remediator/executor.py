@@ -385,7 +385,9 @@ class Executor:
         policy = self.policy()
         node = await self.kube.find_node(d.node)
         if node is None:
-            v = GuardVerdict("opt_out", False, f"node {d.node} does not exist", "block")
+            hint = " (an alert's Hostname names no node: set NODE_NAME on dcgm-exporter, or relabel the node " \
+                   "into a node label)" if d.origin.fingerprint else ""
+            v = GuardVerdict("opt_out", False, f"node {d.node} does not exist{hint}", "block")
             await decided
             await self._verdict(audit, v)
             return GateResult((v,))

@@ -162,3 +162,20 @@ async def test_expected_conditions_nak_in_one_line_without_a_traceback(
         assert msg.settled == [("nak", 5.0 if isinstance(error, LockHeld) else r.settings.nak_delay_s)]
         assert [x for x in caplog.records if x.exc_info or "unexpected" in x.getMessage()] == []
         assert any(str(error) in x.getMessage() for x in caplog.records)
+
+
+@pytest.mark.timeout(60)
+async def test_a_decision_for_a_node_that_does_not_exist_is_refused_and_an_alerts_says_what_to_fix(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    async with rig(nats_server.url, tmp_path) as r:
+        agent = decision("nvidia-dcgm-exporter-x7k2p", "gpu-lost", incident="inc-agent")
+        alert = decision("nvidia-dcgm-exporter-x7k2p", "gpu-lost", incident="inc-alert").model_copy(
+            update={"origin": Origin(fingerprint=FINGERPRINT)})
+        for d in (agent, alert):
+            assert (await r.executor.execute(d)).outcome != "succeeded"
+        why = {x.incident: x.why for x in await r.audit_records("nvidia-dcgm-exporter-x7k2p")
+               if x.what == "guard_verdict"}
+        assert why["inc-agent"] == "opt_out: node nvidia-dcgm-exporter-x7k2p does not exist"
+        assert why["inc-alert"].startswith("opt_out: node nvidia-dcgm-exporter-x7k2p does not exist (")
+        assert "NODE_NAME" in why["inc-alert"]
