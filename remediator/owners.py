@@ -36,14 +36,17 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
 from remediator.contracts import FaultEvent, JobRef
 
 log = logging.getLogger(__name__)
 
 __all__ = ["NODE_DAEMON_KINDS", "JobFinder", "OwnerResolver", "pod_hostname"]
+
+_K = TypeVar("_K")
+_A = TypeVar("_A")
 
 # What ``job_of_pod_on_node`` answers for a node daemon's pod (a DaemonSet's, a mirror pod): never a job.
 NODE_DAEMON_KINDS = frozenset({"DaemonSet", "Node"})
@@ -80,7 +83,7 @@ class OwnerResolver:
         self._backoff_s = backoff_s
         self._clock = clock
         self._quiet_until = float("-inf")
-        self._known: OrderedDict[tuple[str, str, str], tuple[str | None, bool, float]] = OrderedDict()
+        self._known: OrderedDict[tuple[str, str, str], tuple[JobRef | None, float]] = OrderedDict()
         self._hosts: OrderedDict[tuple[str, str], tuple[str | None, float]] = OrderedDict()
         self.lookups = 0
 
@@ -118,59 +121,50 @@ class OwnerResolver:
 
     async def node_of(self, namespace: str, pod: str) -> str | None:
         """The node DaemonSet pod ``namespace/pod`` runs on (None: not such a pod, or the API did not answer)."""
-        key = (namespace, pod)
-        now = self._clock()
-        cached = self._hosts.get(key)
-        if cached is not None and cached[1] > now:
-            self._hosts.move_to_end(key)
-            return cached[0]
-        if now < self._quiet_until:
-            return None
-        self.lookups += 1
-        try:
-            node = await asyncio.wait_for(self._kube.daemon_pod_node(namespace, pod), self._timeout_s)
-        except Exception as exc:  # best effort, as for the owners
-            self._quiet_until = now + self._backoff_s
-            log.warning("node of pod %s/%s not resolved (%s); no lookups for %g s", namespace, pod,
-                        exc or type(exc).__name__, self._backoff_s)
-            return None
-        self._hosts[key] = (node, now + (self._ttl_s if node is not None else self._miss_ttl_s))
-        self._hosts.move_to_end(key)
-        while len(self._hosts) > self._size:
-            self._hosts.popitem(last=False)
-        return node
+        return await self._asked(self._hosts, (namespace, pod), lambda: self._kube.daemon_pod_node(namespace, pod),
+                                 f"node of pod {namespace}/{pod}")
 
     async def owner_of(self, node: str, namespace: str | None, pod: str) -> tuple[str | None, bool]:
         """The name of the controller of ``namespace/pod`` on ``node`` (None: a bare pod, a node daemon's, not
         found, or the API did not answer), and whether the pod is a node daemon's (a DaemonSet's or a mirror
         pod; known only when the namespace is)."""
-        key = (node, namespace or "", pod)
-        now = self._clock()
-        cached = self._known.get(key)
-        if cached is not None and cached[2] > now:
-            self._known.move_to_end(key)
-            return cached[0], cached[1]
 
         def the_pod(p: dict[str, Any]) -> bool:
             return bool(p.get("name") == pod and (namespace is None or p.get("namespace") == namespace))
 
-        if now < self._quiet_until:
-            return None, False
-        self.lookups += 1
-        # A named namespace is one GET of the pod; without one, the node's pods are listed and searched.
-        lookup = self._kube.job_of_pod_on_node(node, namespace, pod) if namespace \
-            else self._kube.find_job(node, pod_filter=the_pod)
-        try:
-            ref = await asyncio.wait_for(lookup, self._timeout_s)
-        except Exception as exc:  # best effort: the event goes on without a job; ask again after the backoff
-            self._quiet_until = now + self._backoff_s
-            log.warning("owner of pod %s/%s on %s not resolved (%s); no lookups for %g s", namespace or "?", pod,
-                        node, exc or type(exc).__name__, self._backoff_s)
-            return None, False
+        def lookup() -> Awaitable[JobRef | None]:
+            # A named namespace is one GET of the pod; without one, the node's pods are listed and searched.
+            return self._kube.job_of_pod_on_node(node, namespace, pod) if namespace \
+                else self._kube.find_job(node, pod_filter=the_pod)
+
+        ref = await self._asked(self._known, (node, namespace or "", pod), lookup,
+                                f"owner of pod {namespace or '?'}/{pod} on {node}")
         daemon = ref is not None and ref.kind in NODE_DAEMON_KINDS
         job = ref.name if ref is not None and ref.kind != "Pod" and not daemon else None
-        self._known[key] = (job, daemon, now + (self._ttl_s if ref is not None else self._miss_ttl_s))
-        self._known.move_to_end(key)
-        while len(self._known) > self._size:
-            self._known.popitem(last=False)
         return job, daemon
+
+    async def _asked(self, cache: OrderedDict[_K, tuple[_A | None, float]], key: _K,
+                     ask: Callable[[], Awaitable[_A | None]], what: str) -> _A | None:
+        """``ask()``'s answer for ``key``, kept in ``cache`` for ``ttl_s`` (None, a miss, for ``miss_ttl_s``;
+        the least recently used dropped past ``size``). None without asking while the lookups back off; a
+        lookup that fails or takes longer than ``timeout_s`` is logged, not kept, and starts the backoff."""
+        now = self._clock()
+        cached = cache.get(key)
+        if cached is not None and cached[1] > now:
+            cache.move_to_end(key)
+            return cached[0]
+        if now < self._quiet_until:
+            return None
+        self.lookups += 1
+        try:
+            answer = await asyncio.wait_for(ask(), self._timeout_s)
+        except Exception as exc:  # best effort: the event goes on as it is; ask again after the backoff
+            self._quiet_until = now + self._backoff_s
+            log.warning("%s not resolved (%s); no lookups for %g s", what, exc or type(exc).__name__,
+                        self._backoff_s)
+            return None
+        cache[key] = (answer, now + (self._ttl_s if answer is not None else self._miss_ttl_s))
+        cache.move_to_end(key)
+        while len(cache) > self._size:
+            cache.popitem(last=False)
+        return answer
