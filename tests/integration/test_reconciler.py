@@ -107,3 +107,53 @@ async def test_with_the_node_cache_only_the_nodes_the_ledger_names_wake_it_and_i
             await asyncio.wait_for(task, 10)
         trail = [x for x in await r.audit_records("gpu-node-1") if x.what == "settled"]
         assert [x.incident for x in trail] == ["inc-esc"]
+
+
+async def test_a_handover_recorded_after_a_pass_is_settled_by_the_next_pass_within_the_wait(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """The wait watches the nodes the ledger named at the last pass; a handover recorded after it (its node
+    not watched yet) is read by the next pass, which comes at the latest ``watch_timeout_s`` later."""
+    async with rig(nats_server.url, tmp_path, nodes=6) as r:
+        kube = r.executor.kube
+        assert await kube.start(wait_s=10)
+        kv = await r.js.key_value(STATE_BUCKET)
+        store = LedgerStore(kv)
+        rec = Reconciler(kv, kube, r.audit, taint_key=r.settings.taint_key,  # type: ignore[arg-type]
+                         resync_s=600.0, watch_timeout_s=1.0)
+        stop = asyncio.Event()
+        task = asyncio.create_task(rec.run(stop))
+        try:
+            async def first_pass() -> bool:
+                return rec.passes >= 1
+            await _until(first_pass, "the first pass")
+            assert rec.watched == frozenset()
+            assert (await r.executor.execute(decision("gpu-node-1", "gpu-lost", incident="inc-late"))).outcome == \
+                "escalated"
+            r.kube.untaint("gpu-node-1", r.settings.taint_key)  # repaired before any pass watched the node
+            r.kube.uncordon("gpu-node-1")
+
+            async def settled() -> bool:
+                return not (await store.read()).handovers
+            await _until(settled, "the next pass settled the handover")
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+
+
+async def test_with_the_node_cache_the_orphan_check_lists_no_nodes(nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    """It reads the names the cache holds: no list request, and no summary of every GPU node either."""
+    async with rig(nats_server.url, tmp_path, nodes=4) as r:
+        kube = r.executor.kube
+        assert await kube.start(wait_s=10)
+        summarised: list[object] = []
+        every_gpu_node = r.kube.list_gpu_nodes
+        r.kube.list_gpu_nodes = lambda pool=None: summarised.append(pool) or every_gpu_node(pool)  # type: ignore[method-assign]
+        kv = await r.js.key_value(STATE_BUCKET)
+        await StateStore(kv).update(node_key("gpu-node-9"), lambda h: (History(h.sightings, (
+            Incident("inc-gone", "gpu:gpu-node-9/GPU-1", "gpu-reset", T0, T0),)), None))
+        rec = Reconciler(kv, kube, r.audit, taint_key=r.settings.taint_key)  # type: ignore[arg-type]
+        lists = r.sim.count("list", "nodes")
+        settled = await rec.reconcile(incidents=True)
+        assert [(s.subject, s.incident) for s in settled] == [("incident", "inc-gone")]
+        assert r.sim.count("list", "nodes") == lists and summarised == []

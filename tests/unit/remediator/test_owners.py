@@ -196,6 +196,7 @@ async def test_with_a_workload_the_exporters_pod_is_the_scrape_pod_and_the_job_i
     kube = FakeKube()
     out = await OwnerResolver(kube)(exporter_alert(exported_pod="train-a-0", exported_namespace="ml"))
     assert out.node == "node-1" and out.labels["scrape_pod"] == EXPORTER
+    assert out.labels["scrape_namespace"] == "gpu-operator"
     assert (out.origin.pod, out.origin.job) == ("train-a-0", "train-a")
 
 
