@@ -35,6 +35,7 @@ from handlers.signatures.dcgm import (
     gpu_from_alert_labels,
     is_series_line,
     node_from_alert_labels,
+    series_is_state,
     signal_from_alert,
 )
 from handlers.signatures.framing import frame_records
@@ -232,7 +233,8 @@ def _literals(anchors: tuple[str, ...]) -> re.Pattern[bytes]:
 
 def _silent(raw: bytes, literals: re.Pattern[bytes] | None) -> bool:
     """True for the commonest anchored noise, judged on the raw line without parsing: NCCL INFO chatter (no
-    JSON, no escapes, no ``NCCL WARN``) and the driver's identity and load banners -- lines that give no signal
+    JSON, no escapes, no ``NCCL WARN``), the driver's identity and load banners and dcgm-exporter series of
+    fields that are state or at zero (``dcgm.series_is_state``) -- lines that give no signal
     and are whole records by format (``_whole_record``), so framing needs nothing from them. ``literals`` are
     the operator signatures' anchors (lower case, as one pattern): a line holding one is parsed as usual.
     """
@@ -242,6 +244,8 @@ def _silent(raw: bytes, literals: re.Pattern[bytes] | None) -> bool:
         low = raw.lower()
         return b"nccl warn" not in low and (literals is None or literals.search(low) is None)
     if b"NVRM: " in raw and _BANNER_RE.match(raw) is not None:
+        return literals is None or literals.search(raw.lower()) is None
+    if series_is_state(raw):
         return literals is None or literals.search(raw.lower()) is None
     return False
 
@@ -286,10 +290,15 @@ def _block_records(block: bytes, rules: RuleSet | None = None, lines_seen: list[
         lines_seen.append(n)
     if not indices:
         return
-    lines = BlockLines(block, dict(zip(indices, line_offsets(block, indices), strict=True)), n)
+    offsets = line_offsets(block, indices)
+    lines = BlockLines(block, dict(zip(indices, offsets, strict=True)), n)
     literals = _literals(rules.anchors()) if rules and rules.signatures else None
-    raw = lines.raw
-    silent = {i for i in indices if _silent(raw(i), literals)}
+    silent: set[int] = set()
+    find = block.find
+    for i, start in zip(indices, offsets, strict=True):
+        end = find(b"\n", start)
+        if _silent(block[start:] if end < 0 else block[start:end], literals):
+            silent.add(i)
     for start, end, sig in frame_records(lines, indices, _parser(rules), complete=_whole_record, silent=silent):
         yield Record(start, end, sig)
 

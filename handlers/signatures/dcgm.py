@@ -148,6 +148,25 @@ def is_series_line(text: str) -> bool:
     return _SERIES_START_RE.match(text) is not None
 
 
+def series_is_state(raw: bytes) -> bool:
+    """True for a raw exposition line ``classify_dcgm_series`` gives None for, judged without decoding it.
+
+    What ``LineScanner`` uses to skip the commonest anchored noise of an exporter's scrape: a series line (its
+    name first, pure ASCII, no escapes) of a field this family does not judge (utilisation, clocks, power), or
+    of a judged one at zero. Anything else -- a judged field with a value, a ``# HELP`` line, a line that
+    only mentions a field -- is False and is parsed as usual.
+    """
+    if not raw.startswith(b"DCGM_") or not raw.isascii() or b"\\" in raw:
+        return False
+    m = _SERIES_RE.match(raw.decode())  # the match classify_dcgm_series's search finds first, when at 0
+    if m is None:
+        return False
+    if m.group("name") not in _SERIES_NAMES:
+        return True
+    value = _float(m.group("value"))
+    return value is None or value == 0
+
+
 def classify_dcgm_series(text: str) -> Signal | None:
     """The signal in one dcgm-exporter series line or DCGM health line; None for zero values."""
     if "DCGM_" not in text and "dcgm_" not in text:

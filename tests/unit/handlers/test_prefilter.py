@@ -123,6 +123,44 @@ def test_lines_that_may_say_more_are_never_silent(raw: bytes) -> None:
     assert not _silent(raw, None)
 
 
+@pytest.mark.parametrize("raw", [
+    b'DCGM_FI_DEV_XID_ERRORS{gpu="0",UUID="GPU-1"} 79',  # a judged field with a value
+    b'DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{gpu="3"} 2',
+    b'DCGM_FI_DEV_GPU_UTIL{gpu="0",msg="a \\"quoted\\" label"} 0 DCGM_FI_DEV_XID_ERRORS{gpu="0"} 79',  # escapes
+    b'# HELP DCGM_FI_DEV_XID_ERRORS Value of the last XID error encountered.',
+    b'level=error msg="DCGM_FI_DEV_XID_ERRORS{gpu=\\"0\\"} 79"',  # a mention, not a series line
+    'DCGM_FI_DEV_GPU_UTIL{gpu="0",modelName="NVIDIA H100 \u00e9"} 5 DCGM_FI_DEV_XID_ERRORS 79'.encode(),
+])
+def test_dcgm_series_that_may_say_more_are_never_silent(raw: bytes) -> None:
+    assert not _silent(raw, None)
+
+
+_SERIES_NAMES = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_XID_ERRORS", "DCGM_EXP_XID_ERRORS_COUNT",
+                 "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+                 "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_RETIRED_PENDING", "DCGM_FI_DEV_POWER_USAGE")
+
+
+@settings(max_examples=400, deadline=None)
+@given(name=st.sampled_from(_SERIES_NAMES),
+       labels=st.sampled_from(("", '{gpu="0"}', '{gpu="1",xid="79"}', '{gpu="2",err_code="48",Hostname="n"}',
+                               '{gpu="3",UUID="GPU-1"}', "{}")),
+       gap=st.sampled_from((" ", "  ", "\t", " \x0b", "\x1f ")),
+       value=st.sampled_from(("0", "0.0", "-0", "1", "2", "79", "64", "NaN", "+Inf", "1e3", "x", "1_0")),
+       tail=st.sampled_from(("", " 1733000000000", "\r", " # a comment")))
+def test_a_silent_series_line_is_one_the_parsers_give_nothing_for(name: str, labels: str, gap: str, value: str,
+                                                                   tail: str) -> None:
+    raw = f"{name}{labels}{gap}{value}{tail}".encode()
+    if _silent(raw, None):
+        text = raw.decode()
+        assert _parse(text) is None and _whole_record(text), text
+
+
+def test_series_of_state_and_zeros_are_silent() -> None:
+    for raw in (b'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-1"} 97', b'DCGM_FI_DEV_XID_ERRORS{gpu="0"} 0',
+                b'DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{gpu="1"} 0', b"DCGM_FI_DEV_POWER_USAGE 312.5"):
+        assert _silent(raw, None), raw
+
+
 def test_a_line_holding_an_operator_anchor_is_never_silent() -> None:
     rules = bench_rules()
     lits = _literals(rules.anchors())
