@@ -12,7 +12,8 @@ rollback a failed ladder ends with, and the check for a person's override.
 Quarantine first: a run whose next steps are ``taint`` then ``cordon`` takes both in one request
 (``StepRunner.quarantine``: the Kubernetes port's ``quarantine``, one PATCH carrying the taint and
 ``spec.unschedulable`` from the rate limiter's priority lane), each still recorded and audited as its own
-step, with one run-record write before and one after.
+step, with one run-record write before and one after; the two ``step_started`` records are appended while
+that request is in flight.
 
 The steps write audit records through ``StepAudit``, the incident's bound appender in the shape the step
 library's ``AuditPort`` has, so their records carry the incident's provenance as the executor's do.
@@ -21,6 +22,7 @@ library's ``AuditPort`` has, so their records carry the incident's provenance as
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -39,6 +41,16 @@ from remediator.telemetry import span
 __all__ = ["ESCALATE_KEY", "StepAudit", "StepRunner"]
 
 ESCALATE_KEY = "escalate-on-failure"
+
+log = logging.getLogger(__name__)
+
+
+async def _settled(task: asyncio.Future[None]) -> None:
+    """Wait for ``task`` while another error is on its way out: never left running unowned, its own failure
+    (an audit append the bus refused) logged, not raised over the one already raised."""
+    await asyncio.wait([task])
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("audit records of the quarantine not written: %r", task.exception())
 
 
 class StepAudit:
@@ -128,10 +140,17 @@ class StepRunner:
                                          started_at=started,
                                          detail="resumed after an interrupted attempt" if prior else ""))
         await stored.save()
-        for spec in (taint, cordon):
-            await audit.append(ctx.node, "step_started", f"{spec.key}: {spec.name} (one request with "
-                               f"{cordon.key if spec is taint else taint.key})",
-                               after={"step": spec.key, "params": dict(spec.params), "timeout_s": spec.timeout_s})
+
+        async def audit_started() -> None:
+            for spec in (taint, cordon):
+                await audit.append(ctx.node, "step_started", f"{spec.key}: {spec.name} (one request with "
+                                   f"{cordon.key if spec is taint else taint.key})",
+                                   after={"step": spec.key, "params": dict(spec.params), "timeout_s": spec.timeout_s})
+
+        # The two step_started records are appended while the request is in flight (the ``running`` records
+        # stored just above are what a resumed run goes by), and are stored before anything else of the run's
+        # is appended: quarantine first, two audit round trips off the time to cordon.
+        records = asyncio.ensure_future(audit_started())
         key, value = ctx.settings.taint_key, taint_value(ctx, taint.params)
         effect = str(taint.params.get("effect", "NoSchedule"))  # as the taint step sends it
         # One span per step, as for steps run one by one: the request under the taint's, the cordon's beside it.
@@ -144,8 +163,13 @@ class StepRunner:
                         combined(ctx.node, key, value, effect), timeout=limit)
             except (StepFailed, PermanentError, TimeoutError):
                 sp.set_attribute("remediator.step.status", "retried-alone")
+                await records
                 return False
+            except BaseException:
+                await _settled(records)
+                raise
             sp.set_attribute("remediator.step.status", "succeeded")
+        await records
         with span(f"step {cordon.key}", attributes={"remediator.step": cordon.key, "remediator.step.name": cordon.name,
                                                     "remediator.step.request": f"one with {taint.key}"}) as sp:
             sp.set_attribute("remediator.step.status", "succeeded")

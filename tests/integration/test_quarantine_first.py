@@ -167,3 +167,41 @@ async def test_a_step_that_timed_out_waiting_for_the_rate_limit_does_not_act_aft
             assert cluster.count("patch", "nodes") == 0 and cluster.count("create", "events") == 0
         finally:
             port.close()
+
+
+async def test_the_quarantine_request_does_not_wait_for_its_step_started_records(
+        nats_server: EmbeddedNats, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The two ``step_started`` records are appended while the PATCH is in flight, not before it: with every
+    ``step_started`` append held, the PATCH still reaches the API server; the chain keeps its order (both
+    started records before either succeeded one) once they are let go."""
+    import asyncio
+
+    from remediator.audit import AuditLog
+
+    async with rig(nats_server.url, tmp_path) as r:
+        held = asyncio.Event()
+        original = AuditLog.append
+
+        async def append(self: AuditLog, node: str | None, what: Any, *args: Any, **kw: Any) -> Any:
+            if what == "step_started":
+                await held.wait()
+            return await original(self, node, what, *args, **kw)
+
+        monkeypatch.setattr(AuditLog, "append", append)
+        d = decision("gpu-node-2", "gpu-lost", gpu=3)
+        run = asyncio.create_task(r.executor.execute(d))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while r.sim.count("patch", "nodes") == 0:
+            assert not run.done(), run.result()
+            assert loop.time() < deadline, "the quarantine PATCH waited for its step_started records"
+            await asyncio.sleep(0.01)
+        assert r.sim.node("gpu-node-2")["spec"]["unschedulable"] is True  # quarantined, records still held
+        assert "step_started" not in await r.whats("gpu-node-2", d.incident_id)
+        held.set()
+        result = await run
+        assert result.done() == ["taint", "cordon", "drain", "escalate"]
+        steps = [(rec.what, rec.after.get("step")) for rec in await r.audit_records("gpu-node-2")
+                 if rec.incident == d.incident_id and rec.what.startswith("step_")][:4]
+        assert steps == [("step_started", "taint"), ("step_started", "cordon"), ("step_succeeded", "taint"),
+                         ("step_succeeded", "cordon")]
