@@ -149,7 +149,9 @@ class StepRunner:
 
         # The two step_started records are appended while the request is in flight (the ``running`` records
         # stored just above are what a resumed run goes by), and are stored before anything else of the run's
-        # is appended: quarantine first, two audit round trips off the time to cordon.
+        # is appended: quarantine first, two audit round trips off the time to cordon. Where they fail (the
+        # AUDIT stream without a leader), the node is quarantined all the same, the outcome (``changed_by_us``)
+        # is stored, and then their error is raised, as a failed ``step_succeeded`` append is.
         records = asyncio.ensure_future(audit_started())
         key, value = ctx.settings.taint_key, taint_value(ctx, taint.params)
         effect = str(taint.params.get("effect", "NoSchedule"))  # as the taint step sends it
@@ -169,7 +171,6 @@ class StepRunner:
                 await _settled(records)
                 raise
             sp.set_attribute("remediator.step.status", "succeeded")
-        await records
         with span(f"step {cordon.key}", attributes={"remediator.step": cordon.key, "remediator.step.name": cordon.name,
                                                     "remediator.step.request": f"one with {taint.key}"}) as sp:
             sp.set_attribute("remediator.step.status", "succeeded")
@@ -179,7 +180,12 @@ class StepRunner:
             run.put(spec.key, StepRecord(name=spec.name, status="succeeded", params=dict(spec.params),
                                          before=c.before, after=after, detail=(c.detail or what)[:2000],
                                          started_at=started, finished_at=finished))
-        await stored.save()
+        try:
+            await stored.save()  # what the request changed is stored first, whatever became of the records
+        except BaseException:
+            await _settled(records)
+            raise
+        await records
         for spec, c, what in ((taint, changes[0], "taint"), (cordon, changes[1], "cordon")):
             after = run.records[spec.key].after
             await audit.append(ctx.node, "step_succeeded", f"{spec.key}: {c.detail or what}"[:4000], before=c.before,

@@ -149,7 +149,7 @@ def is_series_line(text: str) -> bool:
 
 
 def series_is_state(raw: bytes) -> bool:
-    """True for a raw exposition line ``classify_dcgm_series`` gives None for, judged without decoding it.
+    """True for a raw exposition line ``classify_dcgm_series`` gives None for, judged without the parsers.
 
     What ``LineScanner`` uses to skip the commonest anchored noise of an exporter's scrape: a series line (its
     name first, pure ASCII, no escapes) of a field this family does not judge (utilisation, clocks, power), or

@@ -205,3 +205,43 @@ async def test_the_quarantine_request_does_not_wait_for_its_step_started_records
                  if rec.incident == d.incident_id and rec.what.startswith("step_")][:4]
         assert steps == [("step_started", "taint"), ("step_started", "cordon"), ("step_succeeded", "taint"),
                          ("step_succeeded", "cordon")]
+
+
+async def test_step_started_records_refused_by_the_bus_leave_the_quarantine_and_its_outcome_stored(
+        nats_server: EmbeddedNats, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The quarantine does not wait for its ``step_started`` records, so it lands where they fail; the run
+    record then keeps what the PATCH changed (``changed_by_us``) before their error is raised, and the
+    redelivery goes on from there and leaves the node's taint and cordon known as ours."""
+    import asyncio
+
+    import nats.errors
+
+    from remediator.audit import AuditLog
+    from remediator.run import RunLog
+
+    async with rig(nats_server.url, tmp_path) as r:
+        original = AuditLog.append
+        refused: list[str] = []
+
+        async def append(self: AuditLog, node: str | None, what: Any, *args: Any, **kw: Any) -> Any:
+            if what == "step_started" and not refused:
+                refused.append(what)
+                await asyncio.sleep(0.2)  # the PATCH is answered meanwhile
+                raise nats.errors.TimeoutError
+            return await original(self, node, what, *args, **kw)
+
+        monkeypatch.setattr(AuditLog, "append", append)
+        d = decision("gpu-node-2", "gpu-lost", gpu=3)
+        with pytest.raises(nats.errors.TimeoutError):
+            await r.executor.execute(d)
+        node = r.sim.node("gpu-node-2")
+        assert node["spec"]["unschedulable"] is True
+        assert any(t["key"] == r.settings.taint_key for t in node["spec"]["taints"])
+        run, _ = await RunLog(await r.js.key_value("remediator-state")).get(d.incident_id)
+        assert run is not None
+        for key in ("taint", "cordon"):
+            assert run.records[key].status == "succeeded" and run.records[key].after["changed_by_us"] is True
+        result = await r.executor.execute(d)  # the redelivery
+        assert result.done() == ["taint", "cordon", "drain", "escalate"]
+        finished = [rec for rec in await r.audit_records("gpu-node-2") if rec.what == "playbook_finished"]
+        assert finished[-1].after["left"]["ours"] == ["taint", "cordon"]
