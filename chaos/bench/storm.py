@@ -102,6 +102,8 @@ class GcPauses:
 
 
 def _serve_sim(nodes: int, kubeconfig: str, ready: Any, stop: Any, info: Any) -> None:  # pragma: no cover
+    """The simulated cluster in a child process, served until ``stop`` (the read end of a pipe) says so or
+    ends: the parent closing its end, or dying, stops it."""
     from chaos.sim.cluster import freeze_heap, seed_cluster
     from chaos.sim.kube_api import KubeApiServer
 
@@ -114,7 +116,8 @@ def _serve_sim(nodes: int, kubeconfig: str, ready: Any, stop: Any, info: Any) ->
     server.write_kubeconfig(kubeconfig)
     with GcPauses() as pauses:
         ready.set()
-        stop.wait()
+        with contextlib.suppress(EOFError, OSError):
+            stop.recv()
     info["gc_pauses"] = pauses.summary()
     info["peak_rss_mb"] = _rss_mb(os.getpid(), peak=True)
     server.stop()
@@ -194,6 +197,36 @@ class _Pipeline:
 
 
 @contextlib.asynccontextmanager
+async def simulated_cluster(nodes: int, kubeconfig: str, info: dict[str, Any]) -> AsyncIterator[None]:
+    """The simulated cluster of ``nodes`` GPU nodes served by a child process (its kubeconfig written to
+    ``kubeconfig``) for as long as the context lasts; ``info`` receives what the child measured (seeding
+    time, RSS, collector pauses), or what it had written before it died.
+
+    The child is stopped by closing a pipe, not by setting an Event: a multiprocessing Event's ``set()`` waits
+    for every waiter to wake, so a simulator that had died (killed, out of memory) hung the benchmark at its
+    end, past SIGTERM, for good. A child that did not stop within 30 s is killed.
+    """
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as manager:
+        ready, shared = ctx.Event(), manager.dict()
+        stop_rx, stop_tx = ctx.Pipe(duplex=False)
+        child = ctx.Process(target=_serve_sim, args=(nodes, kubeconfig, ready, stop_rx, shared), daemon=True)
+        child.start()
+        stop_rx.close()
+        try:
+            if not await asyncio.to_thread(ready.wait, 600):
+                raise RuntimeError("the simulated cluster did not start")
+            yield
+        finally:
+            stop_tx.close()
+            await asyncio.to_thread(child.join, 30)
+            if child.is_alive():
+                child.kill()
+            with contextlib.suppress(Exception):  # a child that died wrote what it had; the rest is missing
+                info.update(dict(shared))
+
+
+@contextlib.asynccontextmanager
 async def _pipeline(nodes: int, overrides: dict[str, Any], *, label: str,
                     on_cordon: Callable[[str], None] | None = None) -> AsyncIterator[_Pipeline]:
     """What ``serve`` runs (dispatcher with the real handlers, executor with the real playbooks and the real
@@ -239,17 +272,10 @@ async def _pipeline(nodes: int, overrides: dict[str, Any], *, label: str,
             mark(node, cordon)
             return taint, cordon
 
-    ctx = mp.get_context("spawn")
-    with tempfile.TemporaryDirectory(prefix="remediator-storm-") as tmp, EmbeddedNats(secure=True) as server, \
-            ctx.Manager() as manager:
+    with tempfile.TemporaryDirectory(prefix="remediator-storm-") as tmp, EmbeddedNats(secure=True) as server:
         kubeconfig = str(Path(tmp) / "kubeconfig")
-        ready, stop_sim, info = ctx.Event(), ctx.Event(), manager.dict()
-        child = ctx.Process(target=_serve_sim, args=(nodes, kubeconfig, ready, stop_sim, info), daemon=True)
-        child.start()
         sim_info: dict[str, Any] = {}
-        try:
-            if not await asyncio.to_thread(ready.wait, 600):
-                raise RuntimeError("the simulated cluster did not start")
+        async with simulated_cluster(nodes, kubeconfig, sim_info):
             settings = Settings(**{"nats_url": server.url, "kubeconfig": kubeconfig, "replica_id": label,
                                    "drain_grace_period_s": 0, "executor_concurrency": 96, **overrides})
 
@@ -302,12 +328,6 @@ async def _pipeline(nodes: int, overrides: dict[str, Any], *, label: str,
                     with contextlib.suppress(Exception):
                         await nc.drain()
                 kube.close()
-        finally:
-            stop_sim.set()
-            await asyncio.to_thread(child.join, 30)
-            if child.is_alive():
-                child.kill()
-            sim_info.update(dict(info))
 
 
 async def _one_run(nodes: int, failing: int, *, breaker: bool, progress: Progress, burst: bool = False,

@@ -127,3 +127,45 @@ def test_a_benchmark_stopped_by_sigterm_stops_what_it_started() -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+
+
+
+def test_a_simulated_cluster_that_died_still_lets_the_benchmark_end() -> None:
+    """The storm's and webhook's simulated cluster is stopped by closing a pipe: with a multiprocessing Event,
+    whose set() waits for every waiter to wake, a simulator that had been killed (out of memory, a person's
+    kill) hung the benchmark at its end, past SIGTERM, for good. Run in a thread of its own, so a hang is a
+    failure here rather than a stuck test run."""
+    import asyncio
+    import multiprocessing
+    import tempfile
+    import threading
+
+    from chaos.bench.storm import simulated_cluster
+
+    info: dict[str, object] = {}
+    errors: list[BaseException] = []
+
+    async def run(tmp: str) -> None:
+        async with simulated_cluster(4, f"{tmp}/kubeconfig", info):
+            sims = [p for p in multiprocessing.active_children() if not p.name.startswith("SyncManager")]
+            assert len(sims) == 1, sims
+            assert sims[0].pid is not None
+            os.kill(sims[0].pid, signal.SIGKILL)
+            await asyncio.to_thread(sims[0].join, 10)
+            assert not sims[0].is_alive()
+
+    def body() -> None:
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                asyncio.run(run(tmp))
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    worker = threading.Thread(target=body, daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), "stopping a simulated cluster that had died hung"
+    assert not errors, errors
+    assert "seed_s" in info  # what the child had written before it died is kept
