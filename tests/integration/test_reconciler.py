@@ -4,8 +4,9 @@ handover, its reservation and its open incident; two replicas reconciling at onc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from remediator.safety import LedgerStore, reservation_key
 from remediator.state import StateStore
 from remediator.subjects import LEDGER_KEY, STATE_BUCKET, node_key
 
-from .executor_support import T0, decision, rig
+from .executor_support import T0, Rig, decision, rig
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -60,6 +61,21 @@ async def _until(cond: Callable[[], Awaitable[bool]], what: str) -> None:
         await asyncio.sleep(0.05)
 
 
+@contextlib.asynccontextmanager
+async def _running(r: Rig, watch_timeout_s: float) -> AsyncIterator[tuple[Reconciler, LedgerStore]]:
+    """A reconciler on the rig's node cache, running until the block ends; with the ledger it settles."""
+    kv = await r.js.key_value(STATE_BUCKET)
+    rec = Reconciler(kv, r.executor.kube, r.audit, taint_key=r.settings.taint_key,  # type: ignore[arg-type]
+                     resync_s=600.0, watch_timeout_s=watch_timeout_s)
+    stop = asyncio.Event()
+    task = asyncio.create_task(rec.run(stop))
+    try:
+        yield rec, LedgerStore(kv)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
 async def test_with_the_node_cache_only_the_nodes_the_ledger_names_wake_it_and_it_sends_no_watch(
     nats_server: EmbeddedNats, tmp_path: Path
 ) -> None:
@@ -71,13 +87,7 @@ async def test_with_the_node_cache_only_the_nodes_the_ledger_names_wake_it_and_i
         assert await kube.start(wait_s=10)
         assert (await r.executor.execute(decision("gpu-node-1", "gpu-lost", incident="inc-esc"))).outcome == \
             "escalated"
-        kv = await r.js.key_value(STATE_BUCKET)
-        store = LedgerStore(kv)
-        rec = Reconciler(kv, kube, r.audit, taint_key=r.settings.taint_key,  # type: ignore[arg-type]
-                         resync_s=600.0, watch_timeout_s=600.0)
-        stop = asyncio.Event()
-        task = asyncio.create_task(rec.run(stop))
-        try:
+        async with _running(r, watch_timeout_s=600.0) as (rec, store):
             async def watching() -> bool:
                 return rec.passes >= 1 and rec.watched == {"gpu-node-1"}
             await _until(watching, "the first pass")
@@ -102,9 +112,6 @@ async def test_with_the_node_cache_only_the_nodes_the_ledger_names_wake_it_and_i
                 return not (await store.read()).handovers
             await _until(settled, "the repair settled the handover")
             assert passes < rec.passes <= passes + 3
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 10)
         trail = [x for x in await r.audit_records("gpu-node-1") if x.what == "settled"]
         assert [x.incident for x in trail] == ["inc-esc"]
 
@@ -117,13 +124,7 @@ async def test_a_handover_recorded_after_a_pass_is_settled_by_the_next_pass_with
     async with rig(nats_server.url, tmp_path, nodes=6) as r:
         kube = r.executor.kube
         assert await kube.start(wait_s=10)
-        kv = await r.js.key_value(STATE_BUCKET)
-        store = LedgerStore(kv)
-        rec = Reconciler(kv, kube, r.audit, taint_key=r.settings.taint_key,  # type: ignore[arg-type]
-                         resync_s=600.0, watch_timeout_s=1.0)
-        stop = asyncio.Event()
-        task = asyncio.create_task(rec.run(stop))
-        try:
+        async with _running(r, watch_timeout_s=1.0) as (rec, store):
             async def first_pass() -> bool:
                 return rec.passes >= 1
             await _until(first_pass, "the first pass")
@@ -136,9 +137,6 @@ async def test_a_handover_recorded_after_a_pass_is_settled_by_the_next_pass_with
             async def settled() -> bool:
                 return not (await store.read()).handovers
             await _until(settled, "the next pass settled the handover")
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 10)
 
 
 async def test_with_the_node_cache_the_orphan_check_lists_no_nodes(nats_server: EmbeddedNats, tmp_path: Path) -> None:
