@@ -42,7 +42,7 @@ from nats.js import JetStreamContext
 from nats.js import api as js_api
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
-from remediator import subjects
+from remediator import eventloop, subjects
 from remediator.contracts import FaultEvent
 from remediator.errors import PermanentError, SetupError, TemporaryError
 from remediator.settings import Settings
@@ -299,8 +299,13 @@ async def connect_within(url: str, timeout_s: float, name: str = "remediator", *
 
     if quiet:
         opts["error_cb"] = remember
-    try:
-        return await asyncio.wait_for(connect(url, name=name, **opts), timeout_s)
+    attempt = asyncio.ensure_future(connect(url, name=name, **opts))
+    try:  # not asyncio.wait_for: on 3.11 it can wait for ever on a connect that swallowed its cancel (eventloop)
+        return await eventloop.wait_within(attempt, timeout_s)
+    except asyncio.CancelledError:
+        if attempt.done() and not attempt.cancelled() and attempt.exception() is None:
+            await attempt.result()[0].close()  # connected as we were cancelled: not left reconnecting for ever
+        raise
     except (TimeoutError, nats.errors.NoServersError, OSError) as e:
         why = last[0] if last else e
         because = f"{type(why).__name__}: {why}" if str(why) else type(why).__name__

@@ -21,6 +21,8 @@ from remediator import eventloop, heap
 from remediator.cli.edges import load_settings
 from remediator.settings import Settings
 
+_RECANCEL_S = 0.5  # how often a stop signal's cancel is repeated until serve took it
+
 
 @click.command()
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None, help="kubeconfig of the cluster.")
@@ -84,22 +86,29 @@ async def _freeze_once_nodes_listed(service: Any) -> None:
 async def _serve(settings: Settings) -> None:
     """Run one replica until SIGTERM/SIGINT. The first signal cancels whatever runs (starting included:
     connecting to a NATS that is away) and stops every part within ``shutdown_timeout_s``; past that, or on
-    a second signal, the embedded nats-server is killed and the process exits at once (status 1)."""
-    from remediator.bus import redact_url
-    from remediator.service import Service
+    a second signal, the embedded nats-server is killed and the process exits at once (status 1).
 
+    The handlers are installed before anything else (importing the service takes a second or more, and a
+    signal then went to asyncio's own handler), and the cancel is repeated until this coroutine took it: a
+    library may swallow one (eventloop: 3.11's ``wait_for``)."""
     log = logging.getLogger("remediator.serve")
-    service = Service(settings)
     loop = asyncio.get_running_loop()
     main_task = asyncio.current_task()
     assert main_task is not None
     stopping: list[float] = []
+    taken: list[bool] = []  # the cancel reached this coroutine: stopping runs
+    services: list[Any] = []  # the Service, once imported and made
 
     def force_exit(why: str) -> None:
         log.error("%s; exiting now", why)
-        if service.nats is not None:  # never orphan the embedded server
-            service.nats.kill()
+        if services and services[0].nats is not None:  # never orphan the embedded server
+            services[0].nats.kill()
         os._exit(1)
+
+    def cancel_until_taken() -> None:
+        if not taken and not main_task.done():
+            main_task.cancel()
+            loop.call_later(_RECANCEL_S, cancel_until_taken)
 
     def on_signal(sig: signal.Signals) -> None:
         if stopping:
@@ -108,10 +117,16 @@ async def _serve(settings: Settings) -> None:
         log.info("%s: stopping (at most %gs)", sig.name, settings.shutdown_timeout_s)
         loop.call_later(settings.shutdown_timeout_s, force_exit,
                         f"not stopped within shutdown_timeout_s={settings.shutdown_timeout_s:g}s")
-        main_task.cancel()
+        cancel_until_taken()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
+
+    from remediator.bus import redact_url
+    from remediator.service import Service
+
+    service = Service(settings)
+    services.append(service)
     freezer: asyncio.Task[None] | None = None
     try:
         await service.start()
@@ -125,6 +140,7 @@ async def _serve(settings: Settings) -> None:
         if not stopping:
             raise
     finally:
+        taken.append(True)
         if freezer is not None:
             freezer.cancel()
         await service.stop()

@@ -77,6 +77,16 @@ class ServeProcess:
             time.sleep(0.2)
         raise AssertionError(f"{self.name} not ready within {timeout}s: {self.readyz()}\n{self.log()[-4000:]}")
 
+    def __enter__(self) -> ServeProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Killed if still running (a test that failed midway leaves no process for a later test's
+        ResourceWarning)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
     def terminate(self, timeout: float = 60) -> float:
         """SIGTERM, then the seconds until it exited."""
         t0 = time.monotonic()
