@@ -178,6 +178,23 @@ async def _the_delivery(message: StreamMessage[Any]) -> Any:
 # --- declaring ---------------------------------------------------------------------------------------
 
 
+class _CancelledAtStop(logging.Filter):
+    """faststream logs a handler that was cancelled as the consumers stopped (still running after
+    ``GRACEFUL_STOP_S``) at ERROR with its traceback, one per handler. That is how stopping works, not a
+    failure, and ``bus.settle`` has naked its message: one INFO line each instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info
+        if exc and exc[0] is not None and issubclass(exc[0], asyncio.CancelledError):
+            record.msg, record.args = "a handler was cancelled as the consumers stopped; its message comes back", None
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+        return True
+
+
+log.addFilter(_CancelledAtStop())
+
+
 def consumer_broker(url: str, *, name: str, graceful_timeout: float = GRACEFUL_STOP_S,
                     auth: dict[str, Any] | None = None) -> NatsBroker:
     """A faststream broker for the consumers, with its own connection to ``url`` (comma-separated servers).

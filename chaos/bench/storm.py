@@ -46,6 +46,7 @@ import gc
 import multiprocessing as mp
 import os
 import resource
+import signal
 import statistics
 import tempfile
 import threading
@@ -57,6 +58,7 @@ from typing import Any
 
 from remediator import eventloop, heap
 from remediator.contracts import FaultEvent, GpuRef, utcnow
+from remediator.errors import SetupError
 
 SPREAD_S = 30.0
 Progress = Callable[[str], None] | None
@@ -177,6 +179,29 @@ def _event(node: str, now_iso: Any) -> FaultEvent:
                       observed_at=now_iso, received_at=now_iso)
 
 
+class SimulatorDied(SetupError):
+    """The simulated cluster's process ended while a benchmark used it: nothing it measured after is true."""
+
+
+@dataclass
+class ClusterChild:
+    """What ``simulated_cluster`` yields: whether its child died. The benchmarks' waiting loops stop on it, as
+    the cancel it sends may be swallowed (a NATS publish whose ack came with it: 3.11's ``wait_for``)."""
+
+    died: bool = False
+
+
+async def _death(child: Any, nodes: int) -> str:
+    await asyncio.to_thread(child.join, 5)  # its end is known once it was reaped: the sentinel may come first
+    code = child.exitcode
+    how = f"exit status {code}"
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            how = f"killed by {signal.Signals(-code).name}"
+    hint = "; out of memory? The kernel's OOM killer sends SIGKILL (see dmesg)" if code == -signal.SIGKILL else ""
+    return f"the simulated cluster of {nodes:,} nodes died ({how}{hint}); nothing after that was measured"
+
+
 @dataclass
 class _Pipeline:
     """What one benchmark run holds: the bus, the settings, the adapter and the running service parts."""
@@ -194,18 +219,28 @@ class _Pipeline:
     nc_x: Any = None  # the service connection (the dispatcher's, the executor's, the webhook ingest's)
     audit: Any = None  # the audit log they share
     audit_records: dict[str, int] = field(default_factory=dict)  # records it wrote: written, signed
+    cluster: ClusterChild = field(default_factory=ClusterChild)  # the simulated cluster's child: died?
 
 
 @contextlib.asynccontextmanager
-async def simulated_cluster(nodes: int, kubeconfig: str, info: dict[str, Any]) -> AsyncIterator[None]:
+async def simulated_cluster(nodes: int, kubeconfig: str, info: dict[str, Any]) -> AsyncIterator[ClusterChild]:
     """The simulated cluster of ``nodes`` GPU nodes served by a child process (its kubeconfig written to
     ``kubeconfig``) for as long as the context lasts; ``info`` receives what the child measured (seeding
     time, RSS, collector pauses), or what it had written before it died.
 
+    A child that dies (killed, out of memory) while starting or while the context lasts cancels the task
+    that entered it at once and sets the yielded ``ClusterChild.died``, and the context ends with
+    ``SimulatorDied`` naming how it died: a benchmark
+    whose API server is gone measures nothing (it once waited out its runs, printed a result of nothing, and
+    started its next run).
+
     The child is stopped by closing a pipe, not by setting an Event: a multiprocessing Event's ``set()`` waits
-    for every waiter to wake, so a simulator that had died (killed, out of memory) hung the benchmark at its
-    end, past SIGTERM, for good. A child that did not stop within 30 s is killed.
+    for every waiter to wake, so a simulator that had died hung the benchmark at its end, past SIGTERM, for
+    good. A child that did not stop within 30 s is killed.
     """
+    loop = asyncio.get_running_loop()
+    owner = asyncio.current_task()
+    assert owner is not None
     ctx = mp.get_context("spawn")
     with ctx.Manager() as manager:
         ready, shared = ctx.Event(), manager.dict()
@@ -213,11 +248,38 @@ async def simulated_cluster(nodes: int, kubeconfig: str, info: dict[str, Any]) -
         child = ctx.Process(target=_serve_sim, args=(nodes, kubeconfig, ready, stop_rx, shared), daemon=True)
         child.start()
         stop_rx.close()
+        handle = ClusterChild()
+        watching = [True]
+
+        def on_exit() -> None:  # the child's sentinel became readable: it ended
+            loop.remove_reader(child.sentinel)
+            if watching[0]:
+                handle.died = True
+                owner.cancel()
+
+        loop.add_reader(child.sentinel, on_exit)
         try:
-            if not await asyncio.to_thread(ready.wait, 600):
-                raise RuntimeError("the simulated cluster did not start")
-            yield
+            try:
+                started = time.monotonic()
+                while not await asyncio.to_thread(ready.wait, 0.5):  # never a thread blocked past the child
+                    if time.monotonic() - started > 600:
+                        raise RuntimeError("the simulated cluster did not start within 600 s")
+                yield handle
+            except asyncio.CancelledError:
+                if handle.died:
+                    owner.uncancel()
+                    raise SimulatorDied(await _death(child, nodes)) from None
+                raise
+            except Exception as e:
+                if handle.died:
+                    raise SimulatorDied(await _death(child, nodes)) from e
+                raise
+            if handle.died:  # the body ended on its own after the child died (it took the cancel for an error)
+                raise SimulatorDied(await _death(child, nodes))
         finally:
+            watching[0] = False
+            with contextlib.suppress(Exception):
+                loop.remove_reader(child.sentinel)
             stop_tx.close()
             await asyncio.to_thread(child.join, 30)
             if child.is_alive():
@@ -275,7 +337,7 @@ async def _pipeline(nodes: int, overrides: dict[str, Any], *, label: str,
     with tempfile.TemporaryDirectory(prefix="remediator-storm-") as tmp, EmbeddedNats(secure=True) as server:
         kubeconfig = str(Path(tmp) / "kubeconfig")
         sim_info: dict[str, Any] = {}
-        async with simulated_cluster(nodes, kubeconfig, sim_info):
+        async with simulated_cluster(nodes, kubeconfig, sim_info) as cluster:
             settings = Settings(**{"nats_url": server.url, "kubeconfig": kubeconfig, "replica_id": label,
                                    "drain_grace_period_s": 0, "executor_concurrency": 96, **overrides})
 
@@ -316,10 +378,12 @@ async def _pipeline(nodes: int, overrides: dict[str, Any], *, label: str,
             stop = asyncio.Event()
             tasks = [asyncio.create_task(dispatcher.run(stop)), asyncio.create_task(executor.run(stop))]
             pipe = _Pipeline(server, settings, adapter, kube, executor, js_x, js_p, Path(tmp), cordoned_at, sim_info,
-                             nc_x=nc_x, audit=audit, audit_records=records)
+                             nc_x=nc_x, audit=audit, audit_records=records, cluster=cluster)
             try:
                 yield pipe
             finally:
+                if cluster.died:  # the runs' calls fail now, not after retrying a dead API server until stopped
+                    kube.close()
                 stop.set()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 with contextlib.suppress(Exception):  # as serve stops: the heads anchored, their timers gone
@@ -369,7 +433,7 @@ async def _one_run(nodes: int, failing: int, *, breaker: bool, progress: Progres
         deadline = time.monotonic() + wait_s
         last_say = time.monotonic()
         finished_at = None
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not pipe.cluster.died:
             if len(executor.results) >= failing:
                 finished_at = time.monotonic()
                 break
@@ -571,6 +635,8 @@ async def webhook(nodes: int = 1500, alerts: int = 100, progress: Progress = Non
             waited0 = pipe.adapter.limiter.waited()
             pauses.start()
             for n, node in enumerate(victims):
+                if pipe.cluster.died:
+                    break
                 cordoned[node] = asyncio.Event()
                 body = _alert_body(node, n + 1)
                 sent0 = int(pipe.nc_x.stats["out_msgs"])
@@ -586,7 +652,8 @@ async def webhook(nodes: int = 1500, alerts: int = 100, progress: Progress = Non
                 if node in sent_at_cordon:
                     sent_before_cordon.append(sent_at_cordon[node] - sent0)
                 deadline = time.monotonic() + 30
-                while len(pipe.executor.results) <= n and time.monotonic() < deadline:  # noqa: ASYNC110 - a list
+                while (len(pipe.executor.results) <= n and time.monotonic() < deadline  # noqa: ASYNC110 - a list
+                       and not pipe.cluster.died):
                     await asyncio.sleep(0.01)
                 # idle means the client limit's tokens are back too: the run's requests, refilled at kube_qps
                 used = sum(pipe.adapter.limiter.taken().values()) - sum(taken_before.values())

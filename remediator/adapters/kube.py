@@ -78,7 +78,7 @@ from tenacity import RetryCallState, RetryError, Retrying, retry_if_exception
 
 from remediator.adapters.nodecache import NodeCache, Transform
 from remediator.adapters.pool_index import PoolIndex
-from remediator.adapters.ratelimit import LanedLimiter, current_lane, lane
+from remediator.adapters.ratelimit import LanedLimiter, LimiterClosed, current_lane, lane
 from remediator.contracts import JOB_LABELS, OPT_OUT_LABEL, POOL_LABEL, Change, JobRef
 from remediator.errors import Conflict, PermanentError, RemediatorError, TemporaryError
 from remediator.pools import PoolView
@@ -409,6 +409,7 @@ class KubeAdapter:
         self._instance = instance or socket.gethostname()
         self._clock = clock
         self._sleep = sleep
+        self._closed = threading.Event()  # close(): every wait of a worker thread ends, and no retry follows
         self._wall_clock = wall_clock
         self._rng = rng
 
@@ -450,10 +451,36 @@ class KubeAdapter:
         return k8s_client.ApiClient(configuration=cfg)
 
     def close(self) -> None:
-        """Stop the node cache and release the connection pool."""
+        """Stop the node cache, end every wait of a call in flight (retry backoffs, drain polls, the rate
+        limit's queue: each raises ``KubeTemporaryError``, and no retry follows), and release the connection
+        pool. Without it, a call retrying against an API server that is away held its worker thread, and
+        the exit of its process, for up to ``retry_budget_s`` (60 s) after the stop."""
+        self._closed.set()
+        self.limiter.close()
         if self.node_cache is not None:
             self.node_cache.stop(timeout_s=0.0)
         self._api.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    def _token(self, lane_name: str) -> None:
+        """One token of the rate limit in ``lane_name``; ``KubeTemporaryError`` once the adapter is closed."""
+        try:
+            self.limiter.acquire(lane_name)
+        except LimiterClosed as e:
+            raise KubeTemporaryError(str(e)) from e
+
+    def _pause(self, seconds: float) -> None:
+        """Wait ``seconds`` (the injected ``sleep``; the real one ends early when the adapter is closed);
+        ``KubeTemporaryError`` when the adapter is closed."""
+        if self._sleep is time.sleep:
+            self._closed.wait(seconds)
+        elif not self._closed.is_set():
+            self._sleep(seconds)
+        if self._closed.is_set():
+            raise KubeTemporaryError("the Kubernetes adapter was closed (stopping): the call was abandoned")
 
     def ping(self, timeout_s: float = 3.0) -> None:
         """One ``GET /version`` within ``timeout_s``, outside the rate limit and never retried (readiness:
@@ -505,7 +532,7 @@ class KubeAdapter:
         request_lane = current_lane(method)
 
         def attempt() -> dict[str, Any]:
-            self.limiter.acquire(request_lane)
+            self._token(request_lane)
             headers = {"Accept": "application/json"}
             if body is not None:
                 headers["Content-Type"] = content_type
@@ -554,13 +581,13 @@ class KubeAdapter:
             )
 
         def stop(state: RetryCallState) -> bool:
-            return (self._clock() - start) + state.upcoming_sleep > budget
+            return self._closed.is_set() or (self._clock() - start) + state.upcoming_sleep > budget
 
         retrying = Retrying(
             retry=retry_if_exception(retryable),
             stop=stop,
             wait=self._wait,
-            sleep=self._sleep,
+            sleep=self._pause,
             reraise=False,
         )
         try:
@@ -685,7 +712,7 @@ class KubeAdapter:
     def _node_events(self, resource_version: str, timeout_s: float) -> Iterator[dict[str, Any]]:
         """The events of one node watch from ``resource_version`` (bookmarks asked for), until the server
         ends it; a non-200 answer is one ``ERROR`` event, a broken stream ends it with ``KubeTemporaryError``."""
-        self.limiter.acquire(current_lane("GET"))
+        self._token(current_lane("GET"))
         query = [("watch", "1"), ("resourceVersion", resource_version), ("allowWatchBookmarks", "true"),
                  ("timeoutSeconds", max(1, int(timeout_s)))]
         m, url, hdrs, payload, _ = self._api.param_serialize(
@@ -836,7 +863,7 @@ class KubeAdapter:
         if resource_version is None:
             page = self._request("GET", "/api/v1/nodes", query={"limit": 1}, kind="NodeList")
             return str(_meta(page).get("resourceVersion") or "") or None
-        self.limiter.acquire(current_lane("GET"))
+        self._token(current_lane("GET"))
         query = [("watch", "1"), ("resourceVersion", resource_version),
                  ("timeoutSeconds", max(1, int(timeout_s))), ("allowWatchBookmarks", "false")]
         m, url, hdrs, payload, _ = self._api.param_serialize(
@@ -1391,7 +1418,7 @@ class KubeAdapter:
                 )
             names = ", ".join(f"{p['namespace']}/{p['name']}" for p in pending.values())
             say(f"{len(pending)} pods blocked by a PodDisruptionBudget ({names}); retrying in {min(delay, left):.1f}s")
-            self._sleep(min(delay, left))
+            self._pause(min(delay, left))
 
         waiting = {**terminating, **evicted}
         while waiting:
@@ -1408,7 +1435,7 @@ class KubeAdapter:
                     [_brief(p) for p in evicted.values()],
                 )
             say(f"waiting for {len(waiting)} pods to terminate")
-            self._sleep(min(self._poll_interval_s, left))
+            self._pause(min(self._poll_interval_s, left))
 
         after = {
             "node": node,
@@ -2022,7 +2049,12 @@ class AsyncKube:
         # with asyncio.to_thread.
         context = contextvars.copy_context()
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, functools.partial(context.run, fn, *args, **kwargs))
+        try:
+            return await loop.run_in_executor(self._pool, functools.partial(context.run, fn, *args, **kwargs))
+        except RuntimeError as e:
+            if not self.sync.closed:
+                raise
+            raise KubeTemporaryError("the Kubernetes adapter was closed (stopping): the call was not sent") from e
 
     async def ping(self, timeout_s: float = 3.0) -> None:
         """``KubeAdapter.ping`` on a thread of its own, so a pool busy with drains never delays it."""

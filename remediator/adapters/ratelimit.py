@@ -17,7 +17,9 @@ that sends it and carried onto the worker thread by ``AsyncKube``; without one, 
 anything else ``bulk``. ``queued()`` and ``taken()`` (per lane) are what ``/metrics`` shows.
 
 It is thread-safe (the async port calls the adapter from its worker threads) and takes its clock and its
-sleep as arguments, so tests move a fake clock instead of sleeping.
+sleep as arguments, so tests move a fake clock instead of sleeping. ``close()`` (the adapter closing) makes
+every waiting and later ``acquire`` raise ``LimiterClosed``, so no worker thread waits for a token past the
+stop of its process.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Final
 
-__all__ = ["LANES", "DeadlineExceeded", "LanedLimiter", "current_lane", "deadline", "lane"]
+from remediator.errors import TemporaryError
+
+__all__ = ["LANES", "DeadlineExceeded", "LanedLimiter", "LimiterClosed", "current_lane", "deadline", "lane"]
 
 LANES: Final = ("quarantine", "read", "bulk")
 _LANE: contextvars.ContextVar[str | None] = contextvars.ContextVar("kube_lane", default=None)
@@ -53,6 +57,10 @@ _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("kube_d
 
 class DeadlineExceeded(TimeoutError):
     """A request's caller gave up (its step timed out) before the request got its token: it is not sent."""
+
+
+class LimiterClosed(TemporaryError):
+    """The limiter was closed (its adapter is stopping) before the request got its token: it is not sent."""
 
 
 @contextlib.contextmanager
@@ -141,6 +149,15 @@ class LanedLimiter(_Bucket):
         self._taken: dict[str, int] = dict.fromkeys(LANES, 0)
         self._waited: dict[str, float] = dict.fromkeys(LANES, 0.0)
         self._last_shared = "bulk"  # which of read/bulk took the last token (they alternate when both wait)
+        self._closed = threading.Event()
+
+    def close(self) -> None:
+        """Refuse every request from now on, those waiting for a token included (woken at once)."""
+        with self._lock:
+            self._closed.set()
+            for queue in self._queues.values():
+                for ticket in queue:
+                    ticket.cond.notify()
 
     def _head(self) -> _Ticket | None:
         q = self._queues
@@ -174,6 +191,8 @@ class LanedLimiter(_Bucket):
             raise ValueError(f"unknown lane {lane_name!r}; lanes are {', '.join(LANES)}")
         limit = _DEADLINE.get()
         with self._lock:
+            if self._closed.is_set():
+                raise LimiterClosed(f"the {lane_name} lane is closed: the Kubernetes adapter is stopping")
             start = self._clock()
             self._refill(start)
             if self._tokens >= 1.0 and self._head() is None:  # nobody waits and a token is there
@@ -183,6 +202,9 @@ class LanedLimiter(_Bucket):
             queue.append(ticket)
             try:
                 while True:
+                    if self._closed.is_set():
+                        raise LimiterClosed(f"the {lane_name} lane closed while waiting: the Kubernetes adapter "
+                                            "is stopping")
                     self._refill(self._clock())
                     if limit is not None and self._clock() >= limit:
                         raise DeadlineExceeded(f"gave up waiting for the {lane_name} lane: the caller's deadline "
@@ -197,8 +219,11 @@ class LanedLimiter(_Bucket):
                         if limit is not None:
                             delay = max(0.0, min(delay, limit - self._clock()))
                         self._lock.release()  # the head sleeps for its token outside the lock
-                        try:
-                            self._sleep(delay)
+                        try:  # the real sleep ends early on close(); an injected one is the test's
+                            if self._sleep is time.sleep:
+                                self._closed.wait(delay)
+                            else:
+                                self._sleep(delay)
                         finally:
                             self._lock.acquire()
                         if self._head() is not ticket:  # a request of a lane served first queued meanwhile

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import signal
 import sys
 from collections.abc import Coroutine
@@ -54,9 +55,21 @@ def _progress(msg: str) -> None:
     click.echo(msg, err=True)
 
 
+def _json_safe(value: Any) -> Any:
+    """``value`` with every NaN or infinity (a percentile of nothing: no node was cordoned) as null, which
+    JSON has; ``json.dumps`` would write ``NaN``, which no JSON parser but Python's reads."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 def _emit(result: dict[str, Any], as_json: bool) -> None:
     if as_json:
-        sys.stdout.write(json.dumps(result, indent=2, sort_keys=False) + "\n")
+        sys.stdout.write(json.dumps(_json_safe(result), indent=2, sort_keys=False, allow_nan=False) + "\n")
         return
     for key, value in result.items():
         if isinstance(value, dict):

@@ -160,3 +160,28 @@ def test_a_second_signal_ends_a_stop_that_hangs_and_kills_the_embedded_server() 
         proc.wait()
     assert proc.returncode == 1, err[-3000:]
     assert "second SIGTERM; exiting now" in err and "embedded nats-server killed" in err, err[-3000:]
+
+
+def test_a_handler_cancelled_as_the_consumers_stop_is_one_info_line(caplog: pytest.LogCaptureFixture) -> None:
+    """faststream logs each handler cancelled at stop at ERROR with its traceback (a stopped storm printed
+    194 of them); it is how stopping works, and its message comes back."""
+    import logging
+
+    from remediator import consumers
+
+    try:
+        raise asyncio.CancelledError("Cancelled via cancel scope 7f1c by <Task cancelling ...>")
+    except asyncio.CancelledError as e:
+        cancelled = e
+    try:
+        raise ValueError("a handler's bug")
+    except ValueError as e:
+        bug = e
+    with caplog.at_level(logging.DEBUG, logger=consumers.log.name):
+        consumers.log.log(logging.ERROR, "CancelledError: Cancelled via cancel scope", exc_info=cancelled)
+        consumers.log.log(logging.ERROR, "ValueError: a handler's bug", exc_info=bug)
+    stopped, failed = caplog.records
+    assert (stopped.levelno, stopped.exc_info) == (logging.INFO, None)
+    assert stopped.getMessage() == "a handler was cancelled as the consumers stopped; its message comes back"
+    assert failed.levelno == logging.ERROR and failed.exc_info is not None  # a real error keeps its traceback
+
