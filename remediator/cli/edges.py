@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from remediator import eventloop
 from remediator.errors import SetupError
 from remediator.settings import Settings
 
@@ -46,11 +47,13 @@ def one_line(exc: BaseException) -> str:
 
 
 def bounded(coro: Coroutine[Any, Any, T], timeout_s: float, what: str) -> T:
-    """Run ``coro`` to completion on a fresh event loop, failing with ``SetupError`` after ``timeout_s``."""
+    """Run ``coro`` to completion on a fresh event loop, failing with ``SetupError`` after ``timeout_s``
+    (``eventloop.wait_within``: a ``coro`` that swallowed the cancel of its timeout is cancelled again, where
+    3.11's ``asyncio.wait_for`` waited for it)."""
 
     async def within() -> T:
         try:
-            return await asyncio.wait_for(coro, timeout_s)
+            return await eventloop.wait_within(coro, timeout_s)
         except TimeoutError as e:
             raise SetupError(f"{what} did not finish within {timeout_s:g}s; check that NATS is up and "
                              "reachable (--nats URL / REMEDIATOR_NATS_URL; REMEDIATOR_STARTUP_TIMEOUT_S "

@@ -99,6 +99,31 @@ async def test_connect_within_ends_when_cancelled_as_a_refused_attempt_returns()
     assert leftover == [], leftover  # no connect left retrying behind a cancelled caller
 
 
+
+def test_a_cli_bound_ends_a_command_that_swallowed_the_cancel_of_its_timeout() -> None:
+    """``cli.edges.bounded`` (every CLI command that needs NATS or Kubernetes): with ``asyncio.wait_for`` a
+    command whose wait swallowed the timeout's cancel went on past its bound, here for ever."""
+    import threading
+
+    from remediator.cli.edges import bounded
+    from remediator.errors import SetupError
+
+    ended: list[str] = []
+    raised: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            bounded(_swallows_one_cancel(ended), 0.05, "the test command")
+        except BaseException as e:  # the test's
+            raised.append(e)
+
+    worker = threading.Thread(target=body, daemon=True)
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive(), "the command went on past its bound"
+    assert len(raised) == 1 and isinstance(raised[0], SetupError), raised
+    assert "the test command did not finish within 0.05s" in str(raised[0]) and ended == ["ended"]
+
 _SERVE_WITH_A_FAKE_SERVICE = """
 import asyncio, contextlib, sys
 import remediator.service
