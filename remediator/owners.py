@@ -23,6 +23,14 @@ the hostname of the scrape target's pod (``scrape_pod``/``scrape_namespace``, el
 on, and the label ``node_from_pod`` says so (``namespace/pod``); the alert's own labels stay as they came.
 One GET of the pod, cached as the owners are.
 
+A scrape without Kubernetes labels (a static target, or service discovery with no relabelling) names no pod:
+the alert has only ``instance``, the exporter's address. When that address is an IP and the alert's node is
+no node of the cluster, the exporter is the DaemonSet pod with that pod IP (one list of pods with the field
+selector ``status.podIP``) whose hostname is the alert's node; the event is placed on that pod's node, with
+``node_from_pod`` as above. An exporter on the host network has the node's address and the node's hostname,
+so its alerts name their node and are never moved. Cached per (address, hostname): a pod that is recreated
+has another name, so an answer never outlives the pod it came from.
+
 Best effort, cached: an event whose origin already names a job, or names no pod, passes unchanged; an answer
 is kept per (node, namespace, pod) for ``ttl_s`` (a pod's owner does not change while it lives), a pod not
 found for ``miss_ttl_s``. A lookup that fails or takes longer than ``timeout_s`` is logged, not cached, and
@@ -33,6 +41,7 @@ server neither holds up a hardware fault nor fills the adapter's threads, which 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import time
 from collections import OrderedDict
@@ -43,7 +52,7 @@ from remediator.contracts import FaultEvent, JobRef
 
 log = logging.getLogger(__name__)
 
-__all__ = ["NODE_DAEMON_KINDS", "JobFinder", "OwnerResolver", "pod_hostname"]
+__all__ = ["NODE_DAEMON_KINDS", "JobFinder", "OwnerResolver", "instance_ip", "pod_hostname"]
 
 _K = TypeVar("_K")
 _A = TypeVar("_A")
@@ -62,11 +71,33 @@ class JobFinder(Protocol):
 
     async def daemon_pod_node(self, namespace: str, name: str) -> str | None: ...
 
+    async def daemon_pods_at(self, ip: str) -> list[tuple[str, str, str]]: ...
+
+    async def find_node(self, name: str) -> dict[str, Any] | None: ...
+
 
 def pod_hostname(pod: str) -> str:
     """The hostname a pod without ``hostNetwork`` gets: its name, cut to 63 characters with a trailing ``-``
     or ``.`` trimmed (the kubelet's ``truncatePodHostnameIfNeeded``)."""
     return pod if len(pod) <= 63 else pod[:63].rstrip("-.")
+
+
+def instance_ip(instance: str | None) -> str | None:
+    """The IP address of a Prometheus ``instance`` label (``10.0.3.7:9400``, ``[fd00::7]:9400``, a bare
+    address), in its canonical text, or None when the instance is a name or not an address at all."""
+    if not instance or len(instance) > 64:
+        return None
+    host = instance
+    if host.startswith("["):  # [v6]:port
+        host, closed, _ = host[1:].partition("]")
+        if not closed:
+            return None
+    elif host.count(":") == 1:  # v4:port; a bare v6 address has more than one colon
+        host = host.partition(":")[0]
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return None
 
 
 class OwnerResolver:
@@ -85,6 +116,7 @@ class OwnerResolver:
         self._quiet_until = float("-inf")
         self._known: OrderedDict[tuple[str, str, str], tuple[JobRef | None, float]] = OrderedDict()
         self._hosts: OrderedDict[tuple[str, str], tuple[str | None, float]] = OrderedDict()
+        self._at: OrderedDict[tuple[str, str], tuple[tuple[str, str] | None, float]] = OrderedDict()
         self.lookups = 0
 
     async def __call__(self, event: FaultEvent) -> FaultEvent:
@@ -106,18 +138,40 @@ class OwnerResolver:
 
     async def _placed(self, event: FaultEvent) -> FaultEvent:
         """``event`` on the node of the exporter pod whose hostname it names (see "An alert placed on its
-        exporter's pod" above); unchanged when its node is not such a pod's hostname or the pod is unknown."""
+        exporter's pod" above): the pod its labels name, else the DaemonSet pod at its ``instance`` address;
+        unchanged when its node is not such a pod's hostname or the pod is unknown."""
         labels = event.labels
         pod = labels.get("scrape_pod") or labels.get("pod")
         namespace = labels.get("scrape_namespace") or labels.get("namespace")
-        if not pod or not namespace or event.node != pod_hostname(pod):
-            return event
-        node = await self.node_of(namespace, pod)
+        if pod and namespace:
+            if event.node != pod_hostname(pod):
+                return event
+            node = await self.node_of(namespace, pod)
+            where = f"{namespace}/{pod}"
+        else:
+            ip = instance_ip(labels.get("instance"))
+            found = await self.node_at(ip, event.node) if ip is not None else None
+            if found is None:
+                return event
+            node, where = found
         if node is None or node == event.node:
             return event
-        log.info("alert %s names %s, the hostname of pod %s/%s: placed on its node %s",
-                 event.origin.fingerprint or event.id, event.node, namespace, pod, node)
-        return event.model_copy(update={"node": node, "labels": {**labels, "node_from_pod": f"{namespace}/{pod}"}})
+        log.info("alert %s names %s, the hostname of pod %s: placed on its node %s",
+                 event.origin.fingerprint or event.id, event.node, where, node)
+        return event.model_copy(update={"node": node, "labels": {**labels, "node_from_pod": where}})
+
+    async def node_at(self, ip: str, hostname: str) -> tuple[str, str] | None:
+        """``(node, "namespace/pod")`` of the DaemonSet pod with pod IP ``ip`` whose hostname is ``hostname``,
+        when ``hostname`` is no node (None: it is one, no such pod, or the API did not answer)."""
+
+        async def lookup() -> tuple[str, str] | None:
+            if await self._kube.find_node(hostname) is not None:
+                return None  # the alert names its node (an exporter on the host network has its address)
+            hits = [(node, f"{ns}/{name}") for ns, name, node in await self._kube.daemon_pods_at(ip)
+                    if pod_hostname(name) == hostname]
+            return hits[0] if len(hits) == 1 else None
+
+        return await self._asked(self._at, (ip, hostname), lookup, f"exporter pod at {ip}")
 
     async def node_of(self, namespace: str, pod: str) -> str | None:
         """The node DaemonSet pod ``namespace/pod`` runs on (None: not such a pod, or the API did not answer)."""

@@ -1179,6 +1179,20 @@ class KubeAdapter:
         summary = self._pod_summary(raw)
         return str(summary["node"]) if summary["daemonset"] and summary["node"] else None
 
+    def daemon_pods_at(self, ip: str) -> list[tuple[str, str, str]]:
+        """``(namespace, name, node)`` of each bound, live DaemonSet pod whose pod IP is ``ip``, from one list
+        of pods with the field selector ``status.podIP`` (which a real API server indexes for pods). The
+        exporter of an alert from a scrape without Kubernetes labels is known only by that address."""
+        raw = self._list("/api/v1/pods", {"fieldSelector": f"status.podIP={ip}"}, kind="PodList")
+        out = []
+        for p in raw:
+            if (p.get("status") or {}).get("podIP") != ip:  # the selector is the server's job; a lax one is not
+                continue
+            s = self._pod_summary(p)
+            if s["daemonset"] and s["node"] and not s["terminating"] and s["phase"] not in ("Succeeded", "Failed"):
+                out.append((str(s["namespace"]), str(s["name"]), str(s["node"])))
+        return sorted(out)
+
     def pods_selecting(self, node: str, label_keys: Sequence[str]) -> list[dict[str, Any]]:
         """The pods on ``node`` whose ``spec.nodeSelector`` names one of ``label_keys`` (the GPU Operator's
         operand DaemonSets select nodes by ``nvidia.com/gpu.deploy.<operand>``, and their pods carry the
@@ -2211,6 +2225,9 @@ class AsyncKube:
 
     async def daemon_pod_node(self, namespace: str, name: str) -> str | None:
         return await self._call(self.sync.daemon_pod_node, namespace, name)
+
+    async def daemon_pods_at(self, ip: str) -> list[tuple[str, str, str]]:
+        return await self._call(self.sync.daemon_pods_at, ip)
 
     async def job_pods(self, job: JobRef) -> list[dict[str, Any]]:
         return await self._call(self.sync.job_pods, job)

@@ -38,6 +38,7 @@ def _alertmanager_binary() -> str:
 @pytest.fixture
 def alertmanager(tmp_path: Path) -> Iterator[tuple[str, int]]:
     """A real Alertmanager whose webhook receiver points at a port the service will listen on."""
+    binary = _alertmanager_binary()
     webhook_port = free_port()
     port = free_port()
     config = tmp_path / "alertmanager.yml"
@@ -58,7 +59,7 @@ receivers:
           authorization: {{type: Bearer, credentials: {TOKEN}}}
 """)
     proc = subprocess.Popen(
-        [_alertmanager_binary(), f"--config.file={config}", f"--storage.path={tmp_path / 'data'}",
+        [binary, f"--config.file={config}", f"--storage.path={tmp_path / 'data'}",
          f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
         stdout=subprocess.DEVNULL, stderr=log)
     deadline = time.monotonic() + 20
@@ -83,19 +84,25 @@ receivers:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("exporter", ["with-node-name", "without-node-name"])
+@pytest.mark.parametrize("exporter", ["with-node-name", "without-node-name", "static-scrape"])
 async def test_xid79_alert_ends_with_node_tainted_and_drained(alertmanager: tuple[str, int], tmp_path: Path,
                                                               exporter: str) -> None:
     """``without-node-name``: dcgm-exporter run without ``NODE_NAME`` calls its host by its pod's hostname, and
-    the ServiceMonitor names that pod in ``pod``/``namespace``; dispatch places the alert on the pod's node."""
+    the ServiceMonitor names that pod in ``pod``/``namespace``; dispatch places the alert on the pod's node.
+    ``static-scrape``: the same exporter scraped with no Kubernetes labels: only ``instance``, its pod's IP and
+    port, says which pod it is (dispatch finds it with the field selector ``status.podIP``)."""
     am_url, webhook_port = alertmanager
     state = seed_cluster(nodes=4)
     node = "gpu-node-2"
-    host = {"Hostname": node}
-    if exporter == "without-node-name":
-        pod = next(p["metadata"] for p in state.pods_on(node)
-                   if p["metadata"]["name"].startswith("nvidia-dcgm-exporter"))
-        host = {"Hostname": pod["name"], "pod": pod["name"], "namespace": pod["namespace"]}
+    host = {"Hostname": node, "instance": "10.0.0.9:9400"}
+    if exporter != "with-node-name":
+        exporter_pod = next(p for p in state.pods_on(node)
+                            if p["metadata"]["name"].startswith("nvidia-dcgm-exporter"))
+        pod = exporter_pod["metadata"]
+        host = {"Hostname": pod["name"], "pod": pod["name"], "namespace": pod["namespace"],
+                "instance": f"{exporter_pod['status']['podIP']}:9400"}
+        if exporter == "static-scrape":
+            del host["pod"], host["namespace"]
     training_before = [p for p in state.pods_on(node) if p["metadata"]["namespace"] not in
                        ("gpu-operator", "gpu-remediator")]
     assert training_before, "the simulator must seed a training pod on every node"
@@ -108,7 +115,7 @@ async def test_xid79_alert_ends_with_node_tainted_and_drained(alertmanager: tupl
             alert = [{
                 "labels": {"alertname": "GPUXidError", **host, "gpu": "1", "xid": "79",
                            "UUID": "GPU-11111111-2222-3333-4444-555555555555", "pci_bus_id": "00000000:3B:00.0",
-                           "instance": "10.0.0.9:9400", "severity": "critical"},
+                           "severity": "critical"},
                 "annotations": {"summary": "Xid 79: GPU has fallen off the bus"},
                 "startsAt": datetime.now(UTC).isoformat(),
             }]

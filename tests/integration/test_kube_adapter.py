@@ -293,6 +293,19 @@ def test_pods_on_node_and_job_of_pod(kube: KubeAdapter, cluster: ClusterState) -
     assert kube.job_of_pod(bare) == JobRef("Pod", "scratch", NS, "v1", None)
 
 
+def test_daemon_pods_at_an_address_are_the_daemonset_pods_with_that_pod_ip(kube: KubeAdapter,
+                                                                           cluster: ClusterState) -> None:
+    """What places an alert from a scrape without Kubernetes labels (``owners.OwnerResolver.node_at``): one
+    list of pods with the field selector ``status.podIP``."""
+    exporter = next(p for p in cluster.pods_on("gpu-node-3") if p["metadata"]["name"].startswith("nvidia-dcgm"))
+    ip = exporter["status"]["podIP"]
+    assert kube.daemon_pods_at(ip) == [(exporter["metadata"]["namespace"], exporter["metadata"]["name"],
+                                        "gpu-node-3")]
+    workload = training_pod(cluster, "gpu-node-2")
+    assert kube.daemon_pods_at(workload["status"]["podIP"]) == []  # a training pod is no exporter
+    assert kube.daemon_pods_at("10.255.255.254") == []
+
+
 # --- drain -------------------------------------------------------------------------------------------
 
 

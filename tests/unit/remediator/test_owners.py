@@ -12,7 +12,7 @@ from handlers import default_registry
 from handlers.base import History
 from remediator.contracts import AlertmanagerAlert, FaultEvent, JobRef, Origin, resolve_job
 from remediator.ingest.alerts import alert_to_event
-from remediator.owners import OwnerResolver, pod_hostname
+from remediator.owners import OwnerResolver, instance_ip, pod_hostname
 from tests.unit.handlers.helpers import T0, at, ev
 
 PODS = {
@@ -23,6 +23,9 @@ PODS = {
     ("node-1", "ml", "train-c-0"): JobRef("Job", "train-c", "ml", "batch/v1"),
     ("node-1", "ml", "scratch"): JobRef("Pod", "scratch", "ml", "v1"),
 }
+
+NODES = {"node-1"}
+POD_IPS = {"nvidia-dcgm-exporter-x7k2p": "10.64.0.7", "train-a-0": "10.64.0.8"}
 
 
 class FakeKube:
@@ -58,6 +61,18 @@ class FakeKube:
             raise ConnectionError("API server unreachable")
         return next((n for (n, ns, pod), ref in PODS.items()
                      if (ns, pod) == (namespace, name) and ref.kind == "DaemonSet"), None)
+
+    async def daemon_pods_at(self, ip: str) -> list[tuple[str, str, str]]:
+        self.calls += 1
+        self.used.append("daemon_pods_at")
+        if self.fail:
+            raise ConnectionError("API server unreachable")
+        return sorted((ns, pod, n) for (n, ns, pod), ref in PODS.items()
+                      if POD_IPS.get(pod) == ip and ref.kind == "DaemonSet")
+
+    async def find_node(self, name: str) -> dict[str, Any] | None:
+        self.used.append("find_node")
+        return {"name": name} if name in NODES else None
 
 
 def pod_event(pod: str, **kw: Any):  # type: ignore[no-untyped-def]
@@ -227,3 +242,55 @@ async def test_an_alert_that_names_its_node_costs_no_pod_lookup() -> None:
     kube = FakeKube()
     await OwnerResolver(kube)(exporter_alert(hostname="node-1"))
     assert "daemon_pod_node" not in kube.used
+
+
+def static_scrape_alert(instance: str = "10.64.0.7:9400", hostname: str = EXPORTER) -> FaultEvent:
+    """An alert through ingest's real mapping from a scrape with no Kubernetes labels: only ``instance``, the
+    exporter's address, says where it came from; its ``Hostname`` is its pod's hostname (no ``NODE_NAME``)."""
+    got = alert_to_event(AlertmanagerAlert.model_validate({
+        "status": "firing", "startsAt": "2024-05-01T03:12:00Z", "fingerprint": "fp-10",
+        "labels": {"alertname": "GPUXidError", "xid": "79", "gpu": "0", "Hostname": hostname,
+                   "instance": instance, "job": "dcgm-static"}}), T0)
+    assert got is not None
+    return got
+
+
+async def test_an_alert_from_a_static_scrape_is_placed_on_the_node_of_the_exporter_pod_at_its_address() -> None:
+    kube = FakeKube()
+    resolve = OwnerResolver(kube)
+    out = await resolve(static_scrape_alert())
+    assert out.node == "node-1" and out.labels["node_from_pod"] == f"gpu-operator/{EXPORTER}"
+    assert out.labels["Hostname"] == EXPORTER and out.labels["instance"] == "10.64.0.7:9400"
+    assert (await resolve(static_scrape_alert())).node == "node-1"
+    assert kube.used.count("daemon_pods_at") == 1  # once per (address, hostname)
+
+
+@pytest.mark.parametrize(("instance", "hostname"), [
+    pytest.param("10.64.0.7:9400", "node-1", id="hostname-is-a-node"),
+    pytest.param("10.64.0.8:9400", EXPORTER, id="the-pod-at-the-address-is-no-daemons"),
+    pytest.param("10.64.0.9:9400", EXPORTER, id="no-pod-at-the-address"),
+    pytest.param("10.64.0.7:9400", "nvidia-dcgm-exporter-other", id="another-pods-hostname"),
+    pytest.param("dcgm.gpu-operator.svc:9400", EXPORTER, id="instance-is-a-name"),
+])
+async def test_a_static_scrape_alert_moves_only_to_the_daemonset_pod_its_address_and_hostname_name(
+        instance: str, hostname: str) -> None:
+    event = static_scrape_alert(instance, hostname)
+    kube = FakeKube()
+    out = await OwnerResolver(kube)(event)
+    assert out.node == event.node and "node_from_pod" not in out.labels
+    if hostname == "node-1" or not instance[0].isdigit():
+        assert "daemon_pods_at" not in kube.used  # a node, or no address: no list of pods
+
+
+async def test_an_unanswered_address_lookup_leaves_the_alert_where_it_was() -> None:
+    out = await OwnerResolver(FakeKube(fail=True))(static_scrape_alert())
+    assert out.node == EXPORTER and "node_from_pod" not in out.labels
+
+
+@pytest.mark.parametrize(("instance", "ip"), [
+    ("10.64.0.7:9400", "10.64.0.7"), ("10.64.0.7", "10.64.0.7"), ("[fd00:0::7]:9400", "fd00::7"),
+    ("fd00::7", "fd00::7"), ("gpu-node-3:9400", None), ("", None), (None, None), ("10.64.0.300:9400", None),
+    ("[fd00::7", None), ("1" * 80, None),
+])
+def test_an_instance_is_an_address_only_when_its_host_is_an_ip(instance: str | None, ip: str | None) -> None:
+    assert instance_ip(instance) == ip
