@@ -106,12 +106,15 @@ class History:
                              code=_cut(s.code) if isinstance(s.code, str) else s.code)
                 for s in self.sightings]
         drop = max(0, len(kept) - max_sightings)
+        unchanged = kept == list(self.sightings)
+        if drop == 0 and unchanged and _json_size(self.to_json()) + 24 <= max_bytes:
+            return self  # the common case: one measure of the whole
         sizes = [_json_size(s.to_json()) + 1 for s in kept]
         total = _json_size(replace(self, sightings=()).to_json()) + 24 + sum(sizes[drop:])
         while total > max_bytes and drop < len(kept):
             total -= sizes[drop]
             drop += 1
-        if drop == 0 and kept == list(self.sightings):
+        if drop == 0 and unchanged:
             return self
         return replace(self, sightings=tuple(kept[drop:]), dropped=self.dropped + drop)
 
