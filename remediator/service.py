@@ -167,7 +167,7 @@ class Service:
         else:
             await asyncio.wait_for(bus.verify(self.js, s), s.startup_timeout_s)
         actor = s.replica_id or default_actor()
-        telemetry.setup(otlp_endpoint=s.otlp_endpoint)  # spans recorded; exported only to a configured collector
+        telemetry.setup(otlp_endpoint=s.otlp_endpoint)  # spans built and exported only for a configured collector
         self.registry = configured_registry(s)
         # One key signs this replica's audit records, checkpoints and agent commands (signing_seed_file, else
         # <data dir>/identity/service.nk, made once): agents and `audit verify` trust its public key.

@@ -267,7 +267,7 @@ class Settings(BaseSettings):
     otlp_endpoint: str | None = _in(
         "service", default=None,
         description="OTLP/HTTP collector that receives the service's trace spans (e.g. http://otel:4318). "
-                    "Unset: spans are recorded, not exported.",
+                    "Unset: spans carry the trace and are neither recorded nor exported.",
     )
     signing_seed_file: str | None = _in(
         "service", default=None,

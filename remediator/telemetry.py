@@ -13,8 +13,8 @@ context from a NATS (or HTTP) header map, opens a child span as the current span
 ``setup`` installs the OpenTelemetry SDK tracer provider (once per process; the composition root calls it,
 nothing happens at import) and says where finished spans go: an OTLP/HTTP collector (the ``otlp_endpoint``
 setting, batched by a ``BatchSpanProcessor``; unset: no export) and, for tests, any ``SpanExporter`` such as
-the SDK's ``InMemorySpanExporter``. Without ``setup`` spans are non-recording but still carry the trace
-they continue, which is all the audit trail needs.
+the SDK's ``InMemorySpanExporter``. Without ``setup``, or with no destination, spans are non-recording but
+still carry the trace they continue, each with a span id of its own, which is all the audit trail needs.
 
 ``http_app`` makes every FastAPI app of the service. FastAPI (0.142 and later) instruments an app by itself
 once a tracer provider is installed: a server span per request, spans around its dependencies, endpoint
@@ -30,6 +30,7 @@ import functools
 import inspect
 import logging
 import os
+import random
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -41,7 +42,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace import Span as SdkSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
-from opentelemetry.trace import Span
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
@@ -73,6 +74,11 @@ class _Destinations(SpanProcessor):
             old, self._members = self._members, tuple(members)
         for p in old:
             p.shutdown()  # flushes what is queued
+
+    @property
+    def active(self) -> bool:
+        """Whether a finished span goes anywhere (an exporter is configured)."""
+        return bool(self._members)
 
     def on_start(self, span: SdkSpan, parent_context: otel_context.Context | None = None) -> None:
         for p in self._members:
@@ -133,8 +139,9 @@ def setup(service_name: str = "gpu-remediator", *, otlp_endpoint: str | None = N
     ``otlp_endpoint``: an OTLP/HTTP collector (``otlp_traces_url``), exported in batches in the background.
     ``span_exporter``: any exporter, called synchronously as each span ends (tests pass an
     ``InMemorySpanExporter`` and read ``get_finished_spans()``). Each call replaces the destinations of the
-    previous one, whose queued spans are flushed first; ``setup()`` with neither keeps recording spans and
-    exports nothing. ``service_name`` names the process in the first call's resource.
+    previous one, whose queued spans are flushed first; ``setup()`` with neither exports nothing, and then
+    ``span`` records nothing either: its spans carry the trace (ids, flags) and are not built by the SDK.
+    ``service_name`` names the process in the first call's resource.
     """
     global _provider
     with _setup_lock:
@@ -185,8 +192,38 @@ def span(name: str, headers: Mapping[str, str] | None = None,
     exception leaving the block is recorded on the span and re-raised.
     """
     ctx = _propagator.extract(carrier=dict(headers), context=otel_context.get_current()) if headers else None
+    if not _destinations.active:  # nothing would see a recorded span: carry the trace, record nothing
+        with _context_span(ctx) as s:
+            yield s
+        return
     with tracer().start_as_current_span(name, context=ctx, attributes=dict(attributes or {})) as s:
         yield s
+
+
+@contextmanager
+def _context_span(ctx: otel_context.Context | None) -> Iterator[Span]:
+    """A span that is its trace's context alone: the parent's trace id and flags (a new trace, sampled, when
+    there is no parent) and a span id of its own, so the next hop's ``traceparent`` names this hop as the SDK's
+    would. Nothing is recorded: it costs a third of an SDK span, which with no exporter only ends unread."""
+    parent = trace.get_current_span(ctx).get_span_context()
+    if parent.is_valid:
+        sc = SpanContext(parent.trace_id, _span_id(), False, parent.trace_flags, parent.trace_state)
+    else:
+        sc = SpanContext(_trace_id(), _span_id(), False, TraceFlags(TraceFlags.SAMPLED))
+    s = NonRecordingSpan(sc)
+    token = otel_context.attach(trace.set_span_in_context(s, ctx))
+    try:
+        yield s
+    finally:
+        otel_context.detach(token)
+
+
+def _span_id() -> int:
+    return random.getrandbits(64) or 1  # as the SDK's RandomIdGenerator; 0 is the invalid id
+
+
+def _trace_id() -> int:
+    return random.getrandbits(128) or 1
 
 
 def trace_id_of(s: Span) -> str | None:

@@ -37,7 +37,7 @@ def spans() -> Iterator[InMemorySpanExporter]:
     try:
         yield exporter
     finally:
-        telemetry.setup()  # back to recording without destinations
+        telemetry.setup()  # back to no destinations
 
 
 def second_replica(r: Rig, actor: str) -> Executor:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -57,6 +58,32 @@ def test_an_exception_is_recorded_on_the_span_and_re_raised(exporter: InMemorySp
     (finished,) = exporter.get_finished_spans()
     assert not finished.status.is_ok
     assert [e.name for e in finished.events] == ["exception"]
+
+
+def test_without_a_destination_a_span_still_carries_the_trace_with_a_span_id_of_its_own() -> None:
+    """``setup()`` with no exporter: nothing would read a recorded span, so none is built, yet each hop still
+    continues the trace, names itself as the next hop's parent, and keeps the parent's sampled flag."""
+    telemetry.setup()
+    with telemetry.span("dispatch", HEADERS) as sp:
+        assert not sp.is_recording()
+        assert telemetry.trace_id_of(sp) == TRACE
+        with telemetry.span("step drain") as child:
+            assert telemetry.trace_id_of(child) == TRACE
+            inner = telemetry.traceparent_of(child)
+        hop = telemetry.traceparent_of(sp)
+    assert hop is not None and inner is not None
+    version, trace_id, parent, flags = hop.split("-")
+    assert (version, trace_id, flags) == ("00", TRACE, "01") and parent not in (PARENT, "0" * 16)
+    assert inner.split("-")[2] not in (parent, PARENT)
+    unsampled = {"traceparent": f"00-{TRACE}-{PARENT}-00"}
+    with telemetry.span("dispatch", unsampled) as sp:
+        assert (telemetry.traceparent_of(sp) or "").endswith("-00")
+    with telemetry.span("dispatch", {"Nats-Msg-Id": "x"}) as sp:
+        fresh = telemetry.trace_id_of(sp)
+        assert fresh is not None and fresh != TRACE and (telemetry.traceparent_of(sp) or "").endswith("-01")
+    with pytest.raises(RuntimeError), telemetry.span("executor.step", HEADERS):
+        raise RuntimeError("drain timed out")
+    assert telemetry.trace_id_of(trace.get_current_span()) is None  # the context is restored after each
 
 
 @pytest.mark.parametrize(("endpoint", "url"), [
