@@ -189,7 +189,7 @@ def span(name: str, headers: Mapping[str, str] | None = None,
     ``traceparent``), as the current span while the block runs; spans opened inside it are its children.
 
     ``headers`` None or without a valid ``traceparent``: the current span's trace, else a new trace. An
-    exception leaving the block is recorded on the span and re-raised.
+    exception leaving the block is re-raised, and recorded on the span where spans go somewhere (``setup``).
     """
     ctx = _propagator.extract(carrier=dict(headers), context=otel_context.get_current()) if headers else None
     if not _destinations.active:  # nothing would see a recorded span: carry the trace, record nothing

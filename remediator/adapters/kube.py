@@ -1181,7 +1181,7 @@ class KubeAdapter:
 
     def daemon_pods_at(self, ip: str) -> list[tuple[str, str, str]]:
         """``(namespace, name, node)`` of each bound, live DaemonSet pod whose pod IP is ``ip``, from one list
-        of pods with the field selector ``status.podIP`` (which a real API server indexes for pods). The
+        of pods with the field selector ``status.podIP`` (which a real API server supports for pods). The
         exporter of an alert from a scrape without Kubernetes labels is known only by that address."""
         raw = self._list("/api/v1/pods", {"fieldSelector": f"status.podIP={ip}"}, kind="PodList")
         out = []
