@@ -185,15 +185,19 @@ async def test_an_alert_naming_a_node_daemons_pod_names_no_workload() -> None:
 EXPORTER = "nvidia-dcgm-exporter-x7k2p"  # on node-1 (PODS)
 
 
-def exporter_alert(hostname: str = EXPORTER, **labels: str) -> FaultEvent:
-    """An alert through ingest's real mapping, from a dcgm-exporter run without ``NODE_NAME``: its
-    ``Hostname`` is its pod's hostname, and the ServiceMonitor put that pod in ``pod``/``namespace``."""
+def xid79_alert(fingerprint: str, **labels: str) -> FaultEvent:
+    """A firing Xid 79 alert with ``labels``, through ingest's real mapping."""
     got = alert_to_event(AlertmanagerAlert.model_validate({
-        "status": "firing", "startsAt": "2024-05-01T03:12:00Z", "fingerprint": "fp-9",
-        "labels": {"alertname": "GPUXidError", "xid": "79", "gpu": "0", "Hostname": hostname,
-                   "pod": EXPORTER, "namespace": "gpu-operator", **labels}}), T0)
+        "status": "firing", "startsAt": "2024-05-01T03:12:00Z", "fingerprint": fingerprint,
+        "labels": {"alertname": "GPUXidError", "xid": "79", "gpu": "0", **labels}}), T0)
     assert got is not None
     return got
+
+
+def exporter_alert(hostname: str = EXPORTER, **labels: str) -> FaultEvent:
+    """An alert from a dcgm-exporter run without ``NODE_NAME``: its ``Hostname`` is its pod's hostname, and
+    the ServiceMonitor put that pod in ``pod``/``namespace``."""
+    return xid79_alert("fp-9", **{"Hostname": hostname, "pod": EXPORTER, "namespace": "gpu-operator", **labels})
 
 
 async def test_an_alert_named_after_its_exporters_pod_is_placed_on_the_pods_node() -> None:
@@ -245,14 +249,9 @@ async def test_an_alert_that_names_its_node_costs_no_pod_lookup() -> None:
 
 
 def static_scrape_alert(instance: str = "10.64.0.7:9400", hostname: str = EXPORTER) -> FaultEvent:
-    """An alert through ingest's real mapping from a scrape with no Kubernetes labels: only ``instance``, the
-    exporter's address, says where it came from; its ``Hostname`` is its pod's hostname (no ``NODE_NAME``)."""
-    got = alert_to_event(AlertmanagerAlert.model_validate({
-        "status": "firing", "startsAt": "2024-05-01T03:12:00Z", "fingerprint": "fp-10",
-        "labels": {"alertname": "GPUXidError", "xid": "79", "gpu": "0", "Hostname": hostname,
-                   "instance": instance, "job": "dcgm-static"}}), T0)
-    assert got is not None
-    return got
+    """An alert from a scrape with no Kubernetes labels: only ``instance``, the exporter's address, says where
+    it came from; its ``Hostname`` is its pod's hostname (no ``NODE_NAME``)."""
+    return xid79_alert("fp-10", Hostname=hostname, instance=instance, job="dcgm-static")
 
 
 async def test_an_alert_from_a_static_scrape_is_placed_on_the_node_of_the_exporter_pod_at_its_address() -> None:
