@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from handlers import base
 from handlers.base import HISTORY_MAX_BYTES, SIGHTING_FIELD_MAX, History, Incident, Sighting
 from remediator.contracts import LABEL_VALUE_MAX, LABELS_MAX, TRUNCATED_LABEL, TRUNCATED_MARKER, bounded_labels
 
@@ -37,6 +39,20 @@ def test_the_oldest_sightings_go_first_and_are_counted() -> None:
     assert len(b.sightings) == 1024 and b.sightings[-1].event_id == "ev-2999" and b.dropped == 3000 - 1024
     assert History.from_json(b.to_json()).dropped == b.dropped
     assert b.bounded(max_sightings=1024) == b  # already bounded: unchanged
+
+
+def test_a_history_within_its_bounds_is_measured_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``bounded`` runs on every write: a history that needs nothing cut or dropped costs one measure of the
+    whole document, not one per sighting."""
+    measured: list[object] = []
+    real = base._json_size
+    monkeypatch.setattr(base, "_json_size", lambda doc: measured.append(doc) or real(doc))
+    h = History(tuple(sighting(i, "NVRM: Xid 13") for i in range(12)))
+    assert h.bounded() is h
+    assert len(measured) == 1
+    measured.clear()
+    assert len(h.bounded(max_bytes=size(h) - 1).sightings) < 12  # over its bytes: measured sighting by sighting
+    assert len(measured) > 12
 
 
 @given(st.lists(st.text(max_size=3000), max_size=60), st.integers(min_value=2_000, max_value=50_000))
