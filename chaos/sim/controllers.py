@@ -48,6 +48,7 @@ from chaos.sim.resources import (
     Obj,
     ResourceType,
     blocking_taints,
+    daemonset_selects,
     is_active,
     is_terminal,
     is_terminating,
@@ -300,9 +301,7 @@ class Controllers:
             return
         uid = ds["metadata"]["uid"]
         template = ds["spec"]["template"]
-        selector = template.get("spec", {}).get("nodeSelector") or {}
-        labels = node["metadata"].get("labels") or {}
-        wanted = all(labels.get(k) == v for k, v in selector.items())
+        wanted = daemonset_selects(ds, node)
         mine = [key for key in self.s.pods_by_node.get(node_name, {}) if key in self.s.pods_by_owner.get(uid, {})]
         if mine:
             if not wanted:  # the node no longer matches the DaemonSet's nodeSelector: its pod goes
@@ -336,9 +335,17 @@ class Controllers:
         if plural == "deployments":
             self.workloads.sync_deployment_status(owner)
             return
-        pods = [p for p in self.owned_pods(owner["metadata"]["uid"]) if is_active(p)]
         status = dict(owner.get("status") or {})
         generation = owner["metadata"].get("generation", 1)
+        if plural == "daemonsets":  # counts kept by the store: a DaemonSet has a pod on every node
+            scheduled, ready = self.s.active_by_owner.get(owner["metadata"]["uid"], (0, 0))
+            status.update({"currentNumberScheduled": scheduled, "desiredNumberScheduled": self.s.ds_desired[(ns, name)],
+                           "numberMisscheduled": 0, "numberReady": ready, "numberAvailable": ready,
+                           "updatedNumberScheduled": scheduled, "observedGeneration": generation})
+            if status != owner.get("status"):
+                self.s.put(BY_PLURAL[plural], {**owner, "status": status})
+            return
+        pods = [p for p in self.owned_pods(owner["metadata"]["uid"]) if is_active(p)]
         if plural in ("replicasets", "statefulsets"):
             ready = sum(1 for p in pods if pod_ready(p))
             status.update({"replicas": len(pods), "readyReplicas": ready, "availableReplicas": ready,
@@ -368,14 +375,6 @@ class Controllers:
                 status["startTime"] = self.s.ts()
             running = bool(pods) and all(pod_ready(p) for p in pods) and len(pods) == len(self.ranks(owner))
             status["conditions"] = self.ptj_conditions(status.get("conditions") or [], running)
-        elif plural == "daemonsets":
-            desired = [n for n in self.s.node_order if self.ds_wants(owner, n)]
-            scheduled = len(pods)
-            ready = sum(1 for p in pods if pod_ready(p))
-            status.update({"currentNumberScheduled": scheduled, "desiredNumberScheduled": len(desired),
-                           "numberMisscheduled": 0, "numberReady": ready, "numberAvailable": ready,
-                           "updatedNumberScheduled": scheduled,
-                           "observedGeneration": owner["metadata"].get("generation", 1)})
         if status != owner.get("status"):
             self.s.put(BY_PLURAL[plural], {**owner, "status": status})
 
@@ -396,15 +395,6 @@ class Controllers:
                         "message": f"PyTorchJob is {kind.lower()}.", "lastUpdateTime": now,
                         "lastTransitionTime": now})
         return out
-
-    def ds_wants(self, ds: Obj, node_name: str) -> bool:
-        node = self.s.obj("nodes", "", node_name)
-        if node is None:
-            return False
-        selector = ds["spec"]["template"].get("spec", {}).get("nodeSelector") or {}
-        labels = node["metadata"].get("labels") or {}
-        return all(labels.get(k) == v for k, v in selector.items())
-
 
 
 REBOOT_ANNOTATION = "gpu-remediator.io/reboot-requested"

@@ -100,7 +100,7 @@ class Kubelets:
         node = self.s.obj("nodes", "", node_name)
         host_ip = "10.0.0.1"
         if node is not None:
-            host_ip = next((a["address"] for a in node["status"].get("addresses", [])
+            host_ip = next((a["address"] for a in (node.get("status") or {}).get("addresses", [])
                             if a.get("type") == "InternalIP"), host_ip)
         now = self.s.ts()
         new = copy.deepcopy(pod)

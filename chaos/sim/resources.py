@@ -243,6 +243,16 @@ def template_hash(template: Obj) -> str:
     return "".join(out)
 
 
+def daemonset_selects(ds: Obj, node: Obj | None) -> bool:
+    """Whether the DaemonSet's pod template's nodeSelector selects ``node`` (what its
+    ``desiredNumberScheduled`` counts)."""
+    if node is None:
+        return False
+    selector = ds["spec"]["template"].get("spec", {}).get("nodeSelector") or {}
+    labels = node["metadata"].get("labels") or {}
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
 def pod_ready(pod: Obj) -> bool:
     if pod.get("status", {}).get("phase") != "Running":
         return False

@@ -34,10 +34,13 @@ from chaos.sim.resources import (
     StoredObject,
     WatchEvent,
     controller_ref,
+    daemonset_selects,
+    is_active,
     is_terminal,
     is_terminating,
     natural_key,
     node_open,
+    pod_ready,
 )
 
 Listener = Callable[[ResourceType, Obj | None, Obj | None], None]
@@ -83,6 +86,8 @@ class Store:
         self.pods_by_node: dict[str, dict[Key, None]] = {}
         self.pods_by_label: dict[tuple[str, str], set[Key]] = {}
         self.pods_by_owner: dict[str, dict[Key, None]] = {}
+        self.active_by_owner: dict[str, list[int]] = {}  # owner uid -> [its active pods, of them Ready]
+        self.ds_desired: dict[Key, int] = {}             # DaemonSet -> how many nodes its nodeSelector selects
         self.pending: dict[Key, None] = {}
         self.node_order: list[str] = []
         self.dirty = Dirty()
@@ -185,11 +190,30 @@ class Store:
                 self.dirty.owners.add((rt.plural, new["metadata"]["namespace"], new["metadata"]["name"]))
             if rt.plural == "replicasets":
                 self._replicaset_changed(old, new)
-        elif rt.plural == "daemonsets" and new is not None and old is None:
-            for node in self.node_order:
-                self.dirty.ds_nodes.add((new["metadata"]["namespace"], new["metadata"]["name"], node))
+        elif rt.plural == "daemonsets":
+            self._daemonset_changed(old, new)
         for listener in self.listeners:
             listener(rt, old, new)
+
+    def _daemonset_changed(self, old: Obj | None, new: Obj | None) -> None:
+        """A new DaemonSet, or one whose nodeSelector changed, looks at every node; from then on its desired
+        count is kept as nodes change (``_node_changed``) and its pods' counts as they change
+        (``active_by_owner``), so its status costs no pass over the nodes and pods: at 100,000 nodes that pass
+        held every request for 0.35 s a DaemonSet whenever one of its pods changed."""
+        ds = new if new is not None else old
+        assert ds is not None
+        key = (ds["metadata"]["namespace"], ds["metadata"]["name"])
+        if new is None:
+            self.ds_desired.pop(key, None)
+            return
+        if old is None or (old["spec"]["template"].get("spec", {}).get("nodeSelector")
+                           != new["spec"]["template"].get("spec", {}).get("nodeSelector")):
+            nodes = self.objects["nodes"]
+            self.ds_desired[key] = sum(1 for name in self.node_order
+                                       if daemonset_selects(new, nodes[("", name)].obj))
+            self.dirty.status.add(("daemonsets", *key))
+            for node in self.node_order:  # each node may gain or lose its pod
+                self.dirty.ds_nodes.add((key[0], key[1], node))
 
     def _replicaset_changed(self, old: Obj | None, new: Obj | None) -> None:
         """A Deployment recreates a lost ReplicaSet and sums its ReplicaSets' status."""
@@ -248,6 +272,10 @@ class Store:
         ref = controller_ref(pod)
         if ref is not None:
             self.pods_by_owner.setdefault(ref["uid"], {})[key] = None
+            if is_active(pod):
+                counts = self.active_by_owner.setdefault(ref["uid"], [0, 0])
+                counts[0] += 1
+                counts[1] += pod_ready(pod)
 
     def _unindex_pod(self, pod: Obj) -> None:
         meta = pod["metadata"]
@@ -264,6 +292,12 @@ class Store:
         ref = controller_ref(pod)
         if ref is not None and ref["uid"] in self.pods_by_owner:
             self.pods_by_owner[ref["uid"]].pop(key, None)
+        if ref is not None and is_active(pod) and ref["uid"] in self.active_by_owner:
+            counts = self.active_by_owner[ref["uid"]]
+            counts[0] -= 1
+            counts[1] -= pod_ready(pod)
+            if counts == [0, 0]:
+                del self.active_by_owner[ref["uid"]]
         self.pending.pop(key, None)
 
     def _node_changed(self, old: Obj | None, new: Obj | None) -> None:
@@ -271,6 +305,13 @@ class Store:
             bisect.insort(self.node_order, new["metadata"]["name"], key=natural_key)
         elif new is None and old is not None and old["metadata"]["name"] in self.node_order:
             self.node_order.remove(old["metadata"]["name"])
+        if old is None or new is None or old["metadata"].get("labels") != new["metadata"].get("labels"):
+            for key, count in self.ds_desired.items():
+                daemonset = self.objects["daemonsets"][key].obj
+                delta = daemonset_selects(daemonset, new) - daemonset_selects(daemonset, old)
+                if delta:
+                    self.ds_desired[key] = count + delta
+                    self.dirty.status.add(("daemonsets", *key))
         if new is None:
             return
         name = new["metadata"]["name"]
@@ -278,8 +319,8 @@ class Store:
             old["metadata"].get("labels") != new["metadata"].get("labels")
         if changed and node_open(new):
             self.dirty.sched_nodes.add(name)
-        if old is not None and (old["metadata"].get("labels") != new["metadata"].get("labels")
-                                or (old.get("spec") or {}).get("taints") != (new.get("spec") or {}).get("taints")):
+        if old is None or (old["metadata"].get("labels") != new["metadata"].get("labels")
+                           or (old.get("spec") or {}).get("taints") != (new.get("spec") or {}).get("taints")):
             for ns, ds in self.objects["daemonsets"]:  # its nodeSelector or tolerations may (no longer) fit
                 self.dirty.ds_nodes.add((ns, ds, name))
         old_noexec = {(t.get("key"), t.get("value"), t.get("effect"))

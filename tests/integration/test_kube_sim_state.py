@@ -140,6 +140,57 @@ def test_tolerated_taints_and_not_ready_nodes() -> None:
     assert state.pod("training", "pytorch-0-worker-0")["spec"]["nodeName"] == "gpu-node-0"
 
 
+def _daemonset_counts(state: ClusterState, ns: str, name: str) -> dict[str, int]:
+    """A DaemonSet's status counts as a pass over every node and pod would find them."""
+    ds = state.get("daemonsets", name, ns)
+    selector = ds["spec"]["template"]["spec"].get("nodeSelector") or {}
+    desired = sum(1 for n in state.list_nodes()
+                  if all((n["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items()))
+    mine = [p for p in state.list_pods(ns)
+            if any(r.get("uid") == ds["metadata"]["uid"] for r in p["metadata"].get("ownerReferences") or [])
+            and not p["metadata"].get("deletionTimestamp") and p["status"].get("phase") not in ("Succeeded", "Failed")]
+    ready = sum(1 for p in mine if p["status"].get("phase") == "Running" and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or []))
+    return {"desiredNumberScheduled": desired, "currentNumberScheduled": len(mine), "numberReady": ready}
+
+
+def test_daemonset_status_counts_stay_equal_to_a_recount_as_nodes_and_pods_change() -> None:
+    """The store keeps a DaemonSet's counts as nodes and pods change, instead of a pass over every node and
+    pod on each of its pods' changes; after each kind of change they equal a recount."""
+    state = seed_cluster(6)
+    daemonsets = [(ds["metadata"]["namespace"], ds["metadata"]["name"]) for ds in state.list_objects("daemonsets")]
+    assert len(daemonsets) == 2
+
+    def check(what: str) -> None:
+        for ns, name in daemonsets:
+            status = state.get("daemonsets", name, ns)["status"]
+            assert {k: status[k] for k in ("desiredNumberScheduled", "currentNumberScheduled", "numberReady")} \
+                == _daemonset_counts(state, ns, name), (what, name)
+
+    check("seeded")
+    assert _daemonset_counts(state, *daemonsets[0])["desiredNumberScheduled"] == 6
+    state.patch("nodes", "gpu-node-2", {"spec": {"taints": [{"key": "gpu-remediator.io/gpu-lost", "value": "79",
+                                                             "effect": "NoExecute"}]}})
+    check("a NoExecute taint evicted the exporter's pod")
+    state.patch("nodes", "gpu-node-1", {"metadata": {"labels": {"nvidia.com/gpu.present": None}}})
+    check("a node no longer selected")
+    new = {**state.node("gpu-node-0"), "metadata": {"name": "gpu-node-6",
+                                                    "labels": state.node("gpu-node-0")["metadata"]["labels"]}}
+    state.create("nodes", new)
+    check("a node added")
+    state.delete("nodes", "gpu-node-4")
+    check("a node deleted")
+    state.set_node_ready("gpu-node-3", False)
+    check("a node NotReady")
+    ns, name = daemonsets[0]
+    state.patch("daemonsets", name, {"spec": {"template": {"spec": {"nodeSelector": {
+        "nvidia.com/gpu.present": None, "kubernetes.io/os": "linux"}}}}},
+                namespace=ns)
+    check("a DaemonSet's nodeSelector changed")
+    assert any(p["metadata"]["name"].startswith(name) for p in state.pods_on("gpu-node-1"))  # selected again
+    assert state.get("daemonsets", name, ns)["status"]["desiredNumberScheduled"] == len(state.node_names())
+
+
 def test_noexecute_taint_evicts_what_does_not_tolerate_it() -> None:
     state = seed_cluster(4)
     state.patch("nodes", "gpu-node-2", {"spec": {"taints": [{"key": "gpu-remediator.io/gpu-lost",
