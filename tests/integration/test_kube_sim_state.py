@@ -178,6 +178,8 @@ def test_daemonset_status_counts_stay_equal_to_a_recount_as_nodes_and_pods_chang
                                                     "labels": state.node("gpu-node-0")["metadata"]["labels"]}}
     state.create("nodes", new)
     check("a node added")
+    for _ns, name in daemonsets:  # a node that joins gets each selecting DaemonSet's pod
+        assert any(p["metadata"]["name"].startswith(name) for p in state.pods_on("gpu-node-6")), name
     state.delete("nodes", "gpu-node-4")
     check("a node deleted")
     state.set_node_ready("gpu-node-3", False)
