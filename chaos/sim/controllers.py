@@ -337,16 +337,15 @@ class Controllers:
             return
         status = dict(owner.get("status") or {})
         generation = owner["metadata"].get("generation", 1)
-        if plural == "daemonsets":  # counts kept by the store: a DaemonSet has a pod on every node
+        # A DaemonSet's counts are the store's (``Store.active_by_owner``, ``Store.ds_desired``): a pass over
+        # its pods, one on each node it selects, is what this status must not cost.
+        pods = [] if plural == "daemonsets" else [p for p in self.owned_pods(owner["metadata"]["uid"]) if is_active(p)]
+        if plural == "daemonsets":
             scheduled, ready = self.s.active_by_owner.get(owner["metadata"]["uid"], (0, 0))
             status.update({"currentNumberScheduled": scheduled, "desiredNumberScheduled": self.s.ds_desired[(ns, name)],
                            "numberMisscheduled": 0, "numberReady": ready, "numberAvailable": ready,
                            "updatedNumberScheduled": scheduled, "observedGeneration": generation})
-            if status != owner.get("status"):
-                self.s.put(BY_PLURAL[plural], {**owner, "status": status})
-            return
-        pods = [p for p in self.owned_pods(owner["metadata"]["uid"]) if is_active(p)]
-        if plural in ("replicasets", "statefulsets"):
+        elif plural in ("replicasets", "statefulsets"):
             ready = sum(1 for p in pods if pod_ready(p))
             status.update({"replicas": len(pods), "readyReplicas": ready, "availableReplicas": ready,
                            "observedGeneration": generation})
@@ -516,7 +515,7 @@ class Reboots:
         due = set(self._down) | self._rebooted
         if time.monotonic() - self._polled_all_at >= FULL_POLL_S:
             self._polled_all_at = time.monotonic()
-            due |= self.kubelets._views.keys()
+            due |= self.kubelets.attached_nodes()
         self._rebooted.clear()
         for name in sorted(due, key=natural_key):  # the order of node_order
             node = self.s.obj("nodes", "", name)

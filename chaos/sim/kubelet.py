@@ -27,7 +27,7 @@ device plugin) keeps its ``allocatable`` as it is.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, KeysView
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -152,6 +152,10 @@ class Kubelets:
     def attached(self) -> bool:
         """Whether any simulated GPU node reports device health here."""
         return bool(self._views)
+
+    def attached_nodes(self) -> KeysView[str]:
+        """The nodes whose simulated GPU node is attached: the only ones whose boot id can change from outside."""
+        return self._views.keys()
 
     def unhealthy(self, node: str) -> set[int]:
         """GPU indices of ``node`` the device plugin reports unhealthy (marked by hand or by the GPU node)."""
