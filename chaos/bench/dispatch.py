@@ -19,10 +19,21 @@ of a history another replica won, each re-read and decided again), ``audit_recor
 ``relinked``: appends refused because the other replica had appended to that node's chain first, each
 re-linked after its record), ``cores_busy`` (the CPU of replicas and
 server over the drain, in cores) beside ``cpus`` (the machine's), ``rss_mb`` (replicas, server),
-``event_loop`` (the loops the replicas ran on: ``serve``'s, ``remediator.eventloop``), ``load_average``.
+``event_loop`` (the loops the replicas ran on: ``serve``'s, ``remediator.eventloop``), ``load_average``,
+``audit`` (the audit mode below).
 On a 2-core machine two replicas and the server share two cores: ``cores_busy`` near ``cpus`` says the
 cores, not the replicas, are the limit; compare the CPU per event, not only the rate. The figures are
 noisy on a shared machine.
+
+``audit`` says what the replicas' audit trail does, so that what one event costs can be split by measurement
+rather than by a sampling profiler (py-spy on these machines over-weights the frames next to a system call):
+
+* ``full`` (the default): as ``serve`` writes it, every record signed and each chain checkpointed;
+* ``unsigned``: the same records and chains, no signature and so no checkpoint;
+* ``off``: no record written at all (``_UnwrittenAudit``). Only a measurement: no service runs without its
+  audit trail, and nothing but this benchmark can make one.
+
+The difference between two modes' ``cpu_ms_per_event`` is what that part of the audit trail costs per event.
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ from remediator import eventloop, heap
 from remediator.contracts import FaultEvent, GpuRef, utcnow
 
 FATAL_SHARE = 0.03
+AUDIT_MODES = ("full", "unsigned", "off")
 Progress = Callable[[str], None] | None
 
 
@@ -84,12 +96,30 @@ def mixed_events(count: int, nodes: int, *, seed: int = 0) -> list[FaultEvent]:
     return out
 
 
-def _replica(url: str, creds: str, index: int, ready: Any, go: Any, stop: Any,
-             report: Any) -> None:  # pragma: no cover - child process
-    eventloop.run(_replica_main(url, creds, index, ready, go, stop, report))  # serve's loop
+def _unwritten_audit(js: Any, actor: str) -> Any:
+    """``audit=off``: an ``AuditLog`` whose appends write nothing and return one placeholder record (no chain
+    head read, no hash, no signature, no publish), so a run measures the dispatcher without its audit trail."""
+    from remediator.audit import AuditLog
+    from remediator.contracts import GENESIS_HASH, AuditRecord
+
+    placeholder = AuditRecord(seq=1, time=utcnow(), node="_cluster", actor=actor, what="event_ignored",
+                              why="not written: bench dispatch --audit off", prev_hash=GENESIS_HASH,
+                              hash=GENESIS_HASH)
+
+    class _UnwrittenAudit(AuditLog):
+        async def append(self, *_args: Any, **_kwargs: Any) -> AuditRecord:
+            return placeholder
+
+    return _UnwrittenAudit(js, actor)
 
 
-async def _replica_main(url: str, creds: str, index: int, ready: Any, go: Any, stop: Any, report: Any) -> None:
+def _replica(url: str, creds: str, index: int, ready: Any, go: Any, stop: Any, report: Any,
+             audit_mode: str) -> None:  # pragma: no cover - child process
+    eventloop.run(_replica_main(url, creds, index, ready, go, stop, report, audit_mode))  # serve's loop
+
+
+async def _replica_main(url: str, creds: str, index: int, ready: Any, go: Any, stop: Any, report: Any,
+                        audit_mode: str) -> None:
     import handlers
     from remediator import bus, telemetry
     from remediator.audit import AuditLog
@@ -103,8 +133,14 @@ async def _replica_main(url: str, creds: str, index: int, ready: Any, go: Any, s
     settings = Settings(nats_url=url, replica_id=f"bench-dispatch-{index}")
     nc, js = await bus.connect(url, name=f"bench-dispatch-{index}", credentials=bus.Credentials(creds_file=creds))
     telemetry.setup()  # serve's tracer provider and audit log (signed, checkpointed, counted for /metrics)
-    audit = AuditLog.for_replica(js, settings, f"bench-dispatch-{index}", Signer(generate_seed()),
-                                 observers=[ServiceMetrics().observe])
+    actor = f"bench-dispatch-{index}"
+    audit: AuditLog
+    if audit_mode == "full":
+        audit = AuditLog.for_replica(js, settings, actor, Signer(generate_seed()), observers=[ServiceMetrics().observe])
+    elif audit_mode == "unsigned":  # the same records, chains and observers; no signer, hence no checkpoints
+        audit = AuditLog(js, actor, observers=[ServiceMetrics().observe])
+    else:
+        audit = _unwritten_audit(js, actor)
     dispatcher = await Dispatcher.create(nc, js, settings, audit, registry=configured_registry(settings))
     heap.settle()  # as serve does once started
     ready.set()
@@ -125,8 +161,10 @@ async def _replica_main(url: str, creds: str, index: int, ready: Any, go: Any, s
         await nc.close()
 
 
-async def run(events: int = 20_000, nodes: int = 2000, replicas: int = 1, progress: Progress = None) -> dict[str, Any]:
-    """Publish the backlog, drain it with ``replicas`` processes; the figures of the module docstring."""
+async def run(events: int = 20_000, nodes: int = 2000, replicas: int = 1, progress: Progress = None, *,
+              audit: str = "full") -> dict[str, Any]:
+    """Publish the backlog, drain it with ``replicas`` processes whose audit trail is ``audit`` (one of
+    ``AUDIT_MODES``); the figures of the module docstring."""
     from remediator import bus
     from remediator.natsd import EmbeddedNats
     from remediator.settings import Settings
@@ -134,6 +172,8 @@ async def run(events: int = 20_000, nodes: int = 2000, replicas: int = 1, progre
 
     if events < 1 or nodes < 1 or replicas < 1:
         raise ValueError("events, nodes and replicas must be at least 1")
+    if audit not in AUDIT_MODES:
+        raise ValueError(f"audit must be one of {', '.join(AUDIT_MODES)} (got {audit!r})")
     say = progress or (lambda _m: None)
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="remediator-dispatch-") as tmp, EmbeddedNats(secure=True) as server:
@@ -152,14 +192,14 @@ async def run(events: int = 20_000, nodes: int = 2000, replicas: int = 1, progre
             ready = [ctx.Event() for _ in range(replicas)]
             go, stop, report = ctx.Event(), ctx.Event(), ctx.Queue()
             procs = [ctx.Process(target=_replica, args=(server.url, server.creds("dispatcher"), i, ready[i], go, stop,
-                                                        report), daemon=True) for i in range(replicas)]
+                                                        report, audit), daemon=True) for i in range(replicas)]
             for p in procs:
                 p.start()
             try:
                 for r in ready:
                     if not await asyncio.to_thread(r.wait, 120):
                         raise RuntimeError("a dispatcher replica did not start")
-                say(f"dispatch: {replicas} replica(s) draining")
+                say(f"dispatch: {replicas} replica(s) draining (audit {audit})")
                 nats_cpu0 = _cpu_s(server.proc.pid) if server.proc else None
                 t0 = time.monotonic()
                 go.set()
@@ -206,4 +246,5 @@ async def run(events: int = 20_000, nodes: int = 2000, replicas: int = 1, progre
                    "nats_server": nats_rss},
         "event_loop": sorted({r["event_loop"] for r in reports}),  # the replicas', serve's: ["uvloop"]
         "load_average": [round(x, 2) for x in os.getloadavg()],
+        "audit": audit,
     }

@@ -144,12 +144,15 @@ def webhook(nodes: int, alerts: int, as_json: bool) -> None:
 @click.option("--nodes", default=2000, show_default=True, type=click.IntRange(1, 200_000))
 @click.option("--replicas", default=1, show_default=True, type=click.IntRange(1, 16),
               help="Dispatcher replicas, each in its own process, sharing the durable consumer.")
+@click.option("--audit", "audit", default="full", show_default=True, type=click.Choice(["full", "unsigned", "off"]),
+              help="The replicas' audit trail: as serve writes it, without signatures (and so checkpoints), or "
+                   "not written. A measurement of what the audit trail costs per event; serve has no such switch.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def dispatch(events: int, nodes: int, replicas: int, as_json: bool) -> None:
+def dispatch(events: int, nodes: int, replicas: int, audit: str, as_json: bool) -> None:
     """Dispatch throughput: a backlog of mixed agent events on FAULTS drained by K replicas."""
     from chaos.bench import dispatch as mod
 
-    _emit(_arun(mod.run(events=events, nodes=nodes, replicas=replicas, progress=_progress)), as_json)
+    _emit(_arun(mod.run(events=events, nodes=nodes, replicas=replicas, progress=_progress, audit=audit)), as_json)
 
 
 @bench.command("agent")
