@@ -25,15 +25,8 @@ On a 2-core machine two replicas and the server share two cores: ``cores_busy`` 
 cores, not the replicas, are the limit; compare the CPU per event, not only the rate. The figures are
 noisy on a shared machine.
 
-``audit`` says what the replicas' audit trail does, so that what one event costs can be split by measurement
-rather than by a sampling profiler (py-spy on these machines over-weights the frames next to a system call):
-
-* ``full`` (the default): as ``serve`` writes it, every record signed and each chain checkpointed;
-* ``unsigned``: the same records and chains, no signature and so no checkpoint;
-* ``off``: no record written at all (``_UnwrittenAudit``). Only a measurement: no service runs without its
-  audit trail, and nothing but this benchmark can make one.
-
-The difference between two modes' ``cpu_ms_per_event`` is what that part of the audit trail costs per event.
+``audit`` is the replicas' audit trail (``chaos.bench.audit_modes``: ``full`` as ``serve`` writes it, ``unsigned``,
+or ``off``); the difference between two modes' ``cpu_ms_per_event`` is what that part of the trail costs.
 """
 
 from __future__ import annotations
@@ -50,12 +43,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from chaos.bench.audit_modes import AUDIT_MODES, bench_audit
 from chaos.bench.storm import _cpu_s, _fleet_of_agents, _rss_mb
 from remediator import eventloop, heap
 from remediator.contracts import FaultEvent, GpuRef, utcnow
 
 FATAL_SHARE = 0.03
-AUDIT_MODES = ("full", "unsigned", "off")
 Progress = Callable[[str], None] | None
 
 
@@ -96,23 +89,6 @@ def mixed_events(count: int, nodes: int, *, seed: int = 0) -> list[FaultEvent]:
     return out
 
 
-def _unwritten_audit(js: Any, actor: str) -> Any:
-    """``audit=off``: an ``AuditLog`` whose appends write nothing and return one placeholder record (no chain
-    head read, no hash, no signature, no publish), so a run measures the dispatcher without its audit trail."""
-    from remediator.audit import AuditLog
-    from remediator.contracts import GENESIS_HASH, AuditRecord
-
-    placeholder = AuditRecord(seq=1, time=utcnow(), node="_cluster", actor=actor, what="event_ignored",
-                              why="not written: bench dispatch --audit off", prev_hash=GENESIS_HASH,
-                              hash=GENESIS_HASH)
-
-    class _UnwrittenAudit(AuditLog):
-        async def append(self, *_args: Any, **_kwargs: Any) -> AuditRecord:
-            return placeholder
-
-    return _UnwrittenAudit(js, actor)
-
-
 def _replica(url: str, creds: str, index: int, ready: Any, go: Any, stop: Any, report: Any,
              audit_mode: str) -> None:  # pragma: no cover - child process
     eventloop.run(_replica_main(url, creds, index, ready, go, stop, report, audit_mode))  # serve's loop
@@ -122,7 +98,6 @@ async def _replica_main(url: str, creds: str, index: int, ready: Any, go: Any, s
                         audit_mode: str) -> None:
     import handlers
     from remediator import bus, telemetry
-    from remediator.audit import AuditLog
     from remediator.dispatch import Dispatcher
     from remediator.metrics import ServiceMetrics
     from remediator.service import configured_registry
@@ -133,14 +108,8 @@ async def _replica_main(url: str, creds: str, index: int, ready: Any, go: Any, s
     settings = Settings(nats_url=url, replica_id=f"bench-dispatch-{index}")
     nc, js = await bus.connect(url, name=f"bench-dispatch-{index}", credentials=bus.Credentials(creds_file=creds))
     telemetry.setup()  # serve's tracer provider and audit log (signed, checkpointed, counted for /metrics)
-    actor = f"bench-dispatch-{index}"
-    audit: AuditLog
-    if audit_mode == "full":
-        audit = AuditLog.for_replica(js, settings, actor, Signer(generate_seed()), observers=[ServiceMetrics().observe])
-    elif audit_mode == "unsigned":  # the same records, chains and observers; no signer, hence no checkpoints
-        audit = AuditLog(js, actor, observers=[ServiceMetrics().observe])
-    else:
-        audit = _unwritten_audit(js, actor)
+    audit = bench_audit(audit_mode, js, settings, f"bench-dispatch-{index}", Signer(generate_seed()),
+                        observers=[ServiceMetrics().observe])
     dispatcher = await Dispatcher.create(nc, js, settings, audit, registry=configured_registry(settings))
     heap.settle()  # as serve does once started
     ready.set()

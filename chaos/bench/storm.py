@@ -28,7 +28,9 @@ passes, ``total_ms`` and ``max_ms``; both processes freeze their start-up heap f
 ``audit_records`` (``written``, ``signed``: every one, as a replica signs; ``checkpoints`` written, the
 stop's included), ``audit_flush`` (what ``serve`` does as it stops, after the runs: the ``chains`` written
 since their last checkpoint and the ``s`` it took to anchor them), ``event_loop`` (the loop it ran on:
-``serve``'s, ``remediator.eventloop``).
+``serve``'s, ``remediator.eventloop``), ``audit`` (``--audit``: the service's audit trail as ``serve`` writes
+it, ``unsigned`` or ``off``, ``chaos.bench.audit_modes``; the difference in ``cpu_ms_per_incident`` is what
+that part of the trail costs an incident).
 
 ``with_breaker`` (unless ``breaker_run`` is off): the default guards, ``cordoned, breaker_tripped,
 threshold``. The breaker must stop the storm after ``threshold`` quarantines; the rest are blocked
@@ -290,17 +292,19 @@ async def simulated_cluster(nodes: int, kubeconfig: str, info: dict[str, Any]) -
 
 @contextlib.asynccontextmanager
 async def _pipeline(nodes: int, overrides: dict[str, Any], *, label: str,
-                    on_cordon: Callable[[str], None] | None = None) -> AsyncIterator[_Pipeline]:
+                    on_cordon: Callable[[str], None] | None = None,
+                    audit_mode: str = "full") -> AsyncIterator[_Pipeline]:
     """What ``serve`` runs (dispatcher with the real handlers, executor with the real playbooks and the real
     Kubernetes adapter) on an embedded secure NATS, against the simulated cluster of ``nodes`` GPU nodes in a
     child process. ``overrides`` go into ``Settings``; ``on_cordon(node)`` is called (from an adapter thread)
-    when a request cordons a node, whose time lands in ``cordoned_at``. ``sim_info`` is filled on exit."""
+    when a request cordons a node, whose time lands in ``cordoned_at``. ``sim_info`` is filled on exit.
+    ``audit_mode``: the trail the service writes (``chaos.bench.audit_modes``; ``full`` is serve's)."""
     import handlers
+    from chaos.bench.audit_modes import bench_audit
     from playbooks.catalog import PlaybookCatalog
     from remediator import bus, telemetry
     from remediator.adapters.agent import AgentClient
     from remediator.adapters.kube import AsyncKube, KubeAdapter
-    from remediator.audit import AuditLog
     from remediator.contracts import Change
     from remediator.dispatch import Dispatcher
     from remediator.executor import Executor
@@ -359,8 +363,8 @@ async def _pipeline(nodes: int, overrides: dict[str, Any], *, label: str,
                 records["written"] += 1
                 records["signed"] += r.sig is not None
 
-            audit = AuditLog.for_replica(js_x, settings, label, signer,
-                                         observers=[ServiceMetrics().observe, tally])
+            audit = bench_audit(audit_mode, js_x, settings, label, signer,
+                                observers=[ServiceMetrics().observe, tally])
             nc_p, js_p = await bus.connect(server.url, name="storm-publisher",
                                            credentials=_fleet_of_agents(server, Path(tmp)))
             adapter = TimedKube.from_settings(settings, poll_interval_s=0.2)
@@ -395,7 +399,7 @@ async def _pipeline(nodes: int, overrides: dict[str, Any], *, label: str,
 
 
 async def _one_run(nodes: int, failing: int, *, breaker: bool, progress: Progress, burst: bool = False,
-                   default_limits: bool = False, wait_s: float = 120.0) -> dict[str, Any]:
+                   default_limits: bool = False, wait_s: float = 120.0, audit: str = "full") -> dict[str, Any]:
     from remediator import bus
     from remediator.safety import LedgerStore
     from remediator.subjects import STATE_BUCKET
@@ -408,7 +412,7 @@ async def _one_run(nodes: int, failing: int, *, breaker: bool, progress: Progres
         if not default_limits:
             overrides.update(kube_qps=5000.0, kube_burst=5000)
     unfinished: list[dict[str, Any]] = []
-    async with _pipeline(nodes, overrides, label=label) as pipe:
+    async with _pipeline(nodes, overrides, label=label, audit_mode=audit) as pipe:
         server, settings, adapter, executor = pipe.server, pipe.settings, pipe.adapter, pipe.executor
         cordoned_at = pipe.cordoned_at
         victims = [f"gpu-node-{i}" for i in range(0, nodes, max(1, nodes // failing))][:failing]
@@ -694,13 +698,20 @@ async def webhook(nodes: int = 1500, alerts: int = 100, progress: Progress = Non
 
 
 async def run(nodes: int = 1500, failing: int = 750, progress: Progress = None, *, burst: bool = False,
-              default_limits: bool = False, breaker_run: bool = True, wait_s: float = 120.0) -> dict[str, Any]:
-    """The main run's figures as top-level keys, and ``with_breaker`` (see the module docstring)."""
+              default_limits: bool = False, breaker_run: bool = True, wait_s: float = 120.0,
+              audit: str = "full") -> dict[str, Any]:
+    """The main run's figures as top-level keys, and ``with_breaker`` (see the module docstring); ``audit``:
+    the service's audit trail in both (``chaos.bench.audit_modes``), reported under ``audit``."""
+    from chaos.bench.audit_modes import AUDIT_MODES
+
     if not 0 < failing <= nodes:
         raise ValueError("need 0 < failing <= nodes")
+    if audit not in AUDIT_MODES:
+        raise ValueError(f"audit must be one of {', '.join(AUDIT_MODES)} (got {audit!r})")
     main = await _one_run(nodes, failing, breaker=False, progress=progress, burst=burst,
-                          default_limits=default_limits, wait_s=wait_s)
+                          default_limits=default_limits, wait_s=wait_s, audit=audit)
     if breaker_run:
         main["with_breaker"] = await _one_run(nodes, failing, breaker=True, progress=progress, burst=burst,
-                                              wait_s=min(wait_s, 120.0))
+                                              wait_s=min(wait_s, 120.0), audit=audit)
+    main["audit"] = audit
     return main

@@ -114,16 +114,20 @@ def classify(lines: int, as_json: bool) -> None:
 @click.option("--no-breaker-run", "skip_breaker", is_flag=True, help="Skip the second run with the default guards.")
 @click.option("--wait", "wait_s", default=120.0, show_default=True, type=click.FloatRange(1, 7200),
               help="How long to wait for the runs to finish after the last event.")
+@click.option("--audit", "audit", default="full", show_default=True, type=click.Choice(["full", "unsigned", "off"]),
+              help="The service's audit trail: as serve writes it, without signatures (and so checkpoints), or "
+                   "not written. A measurement of what the audit trail costs per incident; serve has no such switch.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def storm(nodes: int, failing: int, burst: bool, default_limits: bool, skip_breaker: bool, wait_s: float,
-          as_json: bool) -> None:
+          audit: str, as_json: bool) -> None:
     """Fatal-Xid storm through the real pipeline, without and with the circuit breaker."""
     if failing > nodes:
         raise click.BadParameter("--failing cannot exceed --nodes")
     from chaos.bench import storm as mod
 
     _emit(_arun(mod.run(nodes=nodes, failing=failing, progress=_progress, burst=burst,
-                              default_limits=default_limits, breaker_run=not skip_breaker, wait_s=wait_s)), as_json)
+                              default_limits=default_limits, breaker_run=not skip_breaker, wait_s=wait_s,
+                              audit=audit)), as_json)
 
 
 @bench.command("webhook")

@@ -50,6 +50,14 @@ def test_bench_dispatch_measures_the_audit_trail_by_leaving_parts_of_it_out() ->
     assert off["handled_by_replica"] == [200] and off["decisions"] == unsigned["decisions"], (off, unsigned)
 
 
+def test_bench_storm_measures_the_audit_trail_by_leaving_it_out() -> None:
+    """``--audit off``: the same storm, every node cordoned and every run finished, with no record written."""
+    doc = _bench("storm", "--nodes", "8", "--failing", "3", "--burst", "--no-breaker-run", "--wait", "60",
+                 "--audit", "off")
+    assert doc["audit"] == "off" and doc["cordoned"] == 3 and doc["finished"] == 3 and doc["unfinished"] == [], doc
+    assert doc["audit_records"]["written"] == 0 and doc["audit_records"]["checkpoints"] == 0, doc
+
+
 def test_bench_storm_prints_its_keys() -> None:
     doc = _bench("storm", "--nodes", "12", "--failing", "4", "--burst", "--no-breaker-run", "--wait", "60")
     for key in ("all_cordoned_s", "cordons_per_s", "p50_cordon_latency_s", "p99_cordon_latency_s",
@@ -61,6 +69,7 @@ def test_bench_storm_prints_its_keys() -> None:
     for part in pauses.values():
         assert set(part) == {"passes", "full", "total_ms", "max_ms"}, part
     assert doc["cordoned"] == 4 and doc["finished"] == 4 and doc["unfinished"] == []
+    assert doc["audit"] == "full" and doc["audit_records"]["written"] == doc["audit_records"]["signed"] > 0, doc
     assert doc["event_loop"] == "uvloop"  # serve's loop (remediator.eventloop)
     # the pipeline writes its audit as serve does (AuditLog.for_replica): every record signed
     records = doc["audit_records"]
