@@ -13,7 +13,7 @@ import json
 import math
 import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import click
@@ -21,6 +21,7 @@ import click
 from remediator import eventloop
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _arun(coro: Coroutine[Any, Any, T]) -> T:
@@ -105,6 +106,14 @@ def classify(lines: int, as_json: bool) -> None:
     _emit(mod.run(lines=lines, progress=_progress), as_json)
 
 
+def _audit_option(per: str) -> Callable[[F], F]:
+    """``--audit full|unsigned|off`` (``chaos.bench.audit_modes``, not imported here: the CLI starts lean)."""
+    return click.option(
+        "--audit", "audit", default="full", show_default=True, type=click.Choice(["full", "unsigned", "off"]),
+        help="The service's audit trail: as serve writes it, without signatures (and so checkpoints), or not "
+             f"written. A measurement of what the audit trail costs {per}; serve has no such switch.")
+
+
 @bench.command("storm")
 @click.option("--nodes", default=1500, show_default=True, type=click.IntRange(2, 200_000))
 @click.option("--failing", default=750, show_default=True, type=click.IntRange(1, 200_000))
@@ -114,9 +123,7 @@ def classify(lines: int, as_json: bool) -> None:
 @click.option("--no-breaker-run", "skip_breaker", is_flag=True, help="Skip the second run with the default guards.")
 @click.option("--wait", "wait_s", default=120.0, show_default=True, type=click.FloatRange(1, 7200),
               help="How long to wait for the runs to finish after the last event.")
-@click.option("--audit", "audit", default="full", show_default=True, type=click.Choice(["full", "unsigned", "off"]),
-              help="The service's audit trail: as serve writes it, without signatures (and so checkpoints), or "
-                   "not written. A measurement of what the audit trail costs per incident; serve has no such switch.")
+@_audit_option("per incident")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def storm(nodes: int, failing: int, burst: bool, default_limits: bool, skip_breaker: bool, wait_s: float,
           audit: str, as_json: bool) -> None:
@@ -148,9 +155,7 @@ def webhook(nodes: int, alerts: int, as_json: bool) -> None:
 @click.option("--nodes", default=2000, show_default=True, type=click.IntRange(1, 200_000))
 @click.option("--replicas", default=1, show_default=True, type=click.IntRange(1, 16),
               help="Dispatcher replicas, each in its own process, sharing the durable consumer.")
-@click.option("--audit", "audit", default="full", show_default=True, type=click.Choice(["full", "unsigned", "off"]),
-              help="The replicas' audit trail: as serve writes it, without signatures (and so checkpoints), or "
-                   "not written. A measurement of what the audit trail costs per event; serve has no such switch.")
+@_audit_option("per event")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def dispatch(events: int, nodes: int, replicas: int, audit: str, as_json: bool) -> None:
     """Dispatch throughput: a backlog of mixed agent events on FAULTS drained by K replicas."""
